@@ -1,0 +1,46 @@
+"""Backbone differences as data: how the original LM head of each model family computes
+its scores, so that a wrapped backbone with a plain head reproduces it exactly."""
+
+from __future__ import annotations
+
+from .heads import HeadDims
+
+# model_type -> (config attribute, exponent): the final hidden state is multiplied by
+# config.<attribute> ** exponent before the head, when the family's LM head is tied.
+# T5 rescales its decoder output by d_model ** -0.5 (T5ForConditionalGeneration.forward).
+TIED_OUTPUT_SCALE = {
+    "t5": ("d_model", -0.5),
+    "mt5": ("d_model", -0.5),
+    "umt5": ("d_model", -0.5),
+    "longt5": ("d_model", -0.5),
+}
+
+# Names of buffers of the original *ForConditionalGeneration / *ForCausalLM that hold a
+# per-word output bias added to the logits (BART, mBART, Marian, Pegasus, Blenderbot).
+OUTPUT_BIAS_BUFFERS = ("final_logits_bias",)
+
+
+def hidden_scale(text_config) -> float:
+    """Factor applied to the final hidden state before the head (1.0 for most families)."""
+    rule = TIED_OUTPUT_SCALE.get(text_config.model_type)
+    if rule is None or not getattr(text_config, "tie_word_embeddings", False):
+        return 1.0
+    attribute, exponent = rule
+    return float(getattr(text_config, attribute)) ** exponent
+
+
+def num_layers(text_config) -> int:
+    """Decoder depth: the layers whose states `output_hidden_states` returns for the head."""
+    for name in ("num_decoder_layers", "decoder_layers", "num_hidden_layers"):
+        value = getattr(text_config, name, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError(f"Cannot tell the number of layers of a '{text_config.model_type}' backbone.")
+
+
+def head_dims(text_config) -> HeadDims:
+    hidden = text_config.hidden_size
+    embed = getattr(text_config, "embedding_size", None) or getattr(text_config, "word_embed_proj_dim", None) or hidden
+    return HeadDims(
+        vocab_size=text_config.vocab_size, embed_dim=embed, hidden_dim=hidden, num_layers=num_layers(text_config)
+    )

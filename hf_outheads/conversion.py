@@ -1,0 +1,81 @@
+"""Turn a pretrained transformers LM into an `OutHeadsFor*` model without losing what it knows."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
+
+from .backbones import OUTPUT_BIAS_BUFFERS
+from .configuration_outheads import OutHeadsConfig
+
+logger = logging.getLogger(__name__)
+
+
+def load_original(pretrained, **kwargs) -> PreTrainedModel:
+    """A loaded LM as is; a Hub id or local path through the matching Auto class."""
+    if isinstance(pretrained, PreTrainedModel):
+        return pretrained
+    config = AutoConfig.from_pretrained(pretrained, **{k: v for k, v in kwargs.items() if k in ("revision", "token")})
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    return auto.from_pretrained(pretrained, **kwargs)
+
+
+def original_lm_head(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of the original head: `lm_head.bias` plus BART-style bias buffers."""
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embeddings: pass a *ForCausalLM / *ForConditionalGeneration model.")
+    weight = head.weight.detach()
+    bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
+    if getattr(head, "bias", None) is not None:
+        bias = bias + head.bias.detach()
+    for name in OUTPUT_BIAS_BUFFERS:
+        if hasattr(model, name):
+            bias = bias + getattr(model, name).detach().reshape(-1)
+    return weight, bias
+
+
+def backbone_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The original's weights under the names of `AutoModel.from_config(model.config)`."""
+    if model.base_model is not model:
+        return model.base_model.state_dict()
+    head_names = {name for name, module in model.named_modules() if module is model.get_output_embeddings()}
+    return {
+        key: value
+        for key, value in model.state_dict().items()
+        if key.split(".")[0] not in head_names | set(OUTPUT_BIAS_BUFFERS)
+    }
+
+
+def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwargs):
+    original = load_original(pretrained, **kwargs)
+    weight, bias = original_lm_head(original)
+    embeddings = original.get_decoder().get_input_embeddings().weight
+    if head_type is None:
+        head_type = "tied" if weight.shape == embeddings.shape and torch.equal(weight, embeddings) else "linear"
+    text_config = copy.deepcopy(original.config)
+    config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options)
+    model = cls(config).to(dtype=weight.dtype, device=weight.device)
+
+    missing, unexpected = model.backbone.load_state_dict(backbone_state_dict(original), strict=False)
+    tied = set(model.backbone.all_tied_weights_keys)  # duplicates the backbone re-ties itself
+    missing = [key for key in missing if key not in tied]
+    if missing or unexpected:
+        raise ValueError(
+            f"Could not map {type(original).__name__}'s weights onto {type(model.backbone).__name__}: "
+            f"missing {missing}, unexpected {unexpected}."
+        )
+    model.backbone.tie_weights()
+    exact = model.head.init_from_lm_head(weight, bias, model.output_embedding_matrix())
+    if not exact:
+        logger.warning(
+            "Head '%s' cannot reproduce the original LM head of %s exactly; it starts from the closest "
+            "initialisation its form allows (see the head's init_from_lm_head).",
+            head_type,
+            type(original).__name__,
+        )
+    model.generation_config = copy.deepcopy(original.generation_config)
+    return model

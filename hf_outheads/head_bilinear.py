@@ -1,0 +1,43 @@
+"""`bilinear`: `s(h) = E W_l h + b`, `W_l` is `d x d_h` (DRILL paper, Eq. 3; Gulordava et al. 2018).
+
+Computed as `E (W_l h)`: `N d d_h` per call instead of `|V| d d_h` for `E W_l`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .heads import HeadDims, HeadOptions, SoftmaxHead
+
+
+class BilinearHead(SoftmaxHead):
+    head_type = "bilinear"
+
+    def __init__(self, options: HeadOptions, dims: HeadDims):
+        super().__init__(options, dims)
+        self.proj = nn.Linear(dims.hidden_dim, dims.embed_dim, bias=False)  # W_l
+        self.bias = nn.Parameter(torch.empty(dims.vocab_size))
+
+    def reset_parameters(self) -> None:
+        init.uniform_(self.proj.weight, -0.1, 0.1)  # DRILL reference init
+        init.zeros_(self.bias)
+
+    def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return embeddings
+
+    def context(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden)
+
+    def init_from_lm_head(self, weight, bias, embeddings) -> bool:
+        """`W_l = I` reproduces a tied original exactly. For an untied original (or d != d_h)
+        `W_l` is the least-squares fit of `E W_l ~= W` (approximate; returns False)."""
+        with torch.no_grad():
+            self.bias.copy_(bias)
+            if weight.shape == embeddings.shape and torch.equal(weight, embeddings):
+                self.proj.weight.copy_(torch.eye(self.dims.embed_dim, dtype=weight.dtype))
+                return True
+            fit = torch.linalg.lstsq(embeddings.float(), weight.float()).solution  # d x d_h
+            self.proj.weight.copy_(fit)
+        return False

@@ -1,0 +1,33 @@
+"""`linear`: untied output layer `s(h) = W h + b` (DRILL paper, Eq. 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .heads import HeadDims, HeadOptions, SoftmaxHead
+
+
+class LinearHead(SoftmaxHead):
+    """`W` is `|V| x d_h`, independent of the input embeddings (what Llama/Qwen2 ship)."""
+
+    head_type = "linear"
+
+    def __init__(self, options: HeadOptions, dims: HeadDims):
+        super().__init__(options, dims)
+        self.weight = nn.Parameter(torch.empty(dims.vocab_size, dims.hidden_dim))
+        self.bias = nn.Parameter(torch.empty(dims.vocab_size))
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        init.normal_(self.weight, mean=0.0, std=std)
+        init.zeros_(self.bias)
+
+    def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return self.weight
+
+    def init_from_lm_head(self, weight, bias, embeddings) -> bool:
+        with torch.no_grad():
+            self.weight.copy_(weight)
+            self.bias.copy_(bias)
+        return True

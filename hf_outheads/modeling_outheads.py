@@ -1,0 +1,241 @@
+"""`OutHeadsForCausalLM` / `OutHeadsForSeq2SeqLM`: any transformers backbone
+(`AutoModel.from_config(config.text_config)`) with a swappable output head.
+
+The classes only use the head interface of `heads.py`; they never look at the head's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModel, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
+from transformers.modeling_utils import slice_logits_to_keep
+
+from .configuration_outheads import OutHeadsConfig
+from .head_catalog import get_head_class
+from .backbones import head_dims
+from .heads import IGNORE_INDEX, HeadInputs, OutputHead
+
+
+@dataclass
+class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
+    """`CausalLMOutputWithPast` plus `aux_loss`, a head's extra training term (already in `loss`)."""
+
+    aux_loss: torch.Tensor | None = None
+
+
+@dataclass
+class OutHeadsSeq2SeqLMOutput(Seq2SeqLMOutput):
+    """`Seq2SeqLMOutput` plus `aux_loss`, a head's extra training term (already in `loss`)."""
+
+    aux_loss: torch.Tensor | None = None
+
+
+def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels (`-100` becomes padding), as BART and T5 do it."""
+    if decoder_start_token_id is None or pad_token_id is None:
+        raise ValueError("Set decoder_start_token_id and pad_token_id on the config to train from labels.")
+    shifted = labels.new_full(labels.shape, decoder_start_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_token_id)
+
+
+class OutHeadsPreTrainedModel(PreTrainedModel):
+    config_class = OutHeadsConfig
+    base_model_prefix = "backbone"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    def __init__(self, config: OutHeadsConfig):
+        super().__init__(config)
+        self.backbone = AutoModel.from_config(config.text_config)
+        head_class = get_head_class(config.head_type)
+        self.head: OutputHead = head_class(config.build_head_options(), head_dims(config.text_config))
+        self._check_backbone_shapes()
+        # remote code: AutoModel resolves to this class too (register_for_auto_class takes one)
+        config.auto_map = {**(getattr(config, "auto_map", None) or {}), "AutoModel": f"modeling_outheads.{type(self).__name__}"}
+        self.post_init()
+
+    def _check_backbone_shapes(self) -> None:
+        dims, table = self.head.dims, self.output_embedding_matrix()
+        if tuple(table.shape) != (dims.vocab_size, dims.embed_dim):
+            raise ValueError(
+                f"The backbone's embedding matrix is {tuple(table.shape)} but the head was built for "
+                f"({dims.vocab_size}, {dims.embed_dim}); check text_config.vocab_size / hidden sizes."
+            )
+
+    def _init_weights(self, module):
+        if isinstance(module, OutputHead):
+            module.reset_parameters()
+
+    def output_embedding_matrix(self) -> torch.Tensor:
+        """`E`: the input embedding matrix of the (decoder) backbone, `|V| x d`."""
+        return self.backbone.get_decoder().get_input_embeddings().weight
+
+    def get_output_embeddings(self):
+        return None  # heads are not a plain nn.Linear; see `self.head`
+
+    @classmethod
+    def from_backbone(cls, pretrained, head_type: str | None = None, head_options: dict | None = None, **kwargs):
+        """Wrap a pretrained transformers LM (Hub id, local path or loaded model) with a head.
+
+        `head_type=None` keeps the original head's form (`tied` or `linear`), so the result
+        computes exactly the original logits. Other heads start from the original LM head
+        where their form allows it (see each head's `init_from_lm_head`).
+        `kwargs` go to the original model's `from_pretrained` (e.g. `dtype`, `revision`).
+        """
+        from .conversion import convert_pretrained
+
+        return convert_pretrained(cls, pretrained, head_type, head_options, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """As `PreTrainedModel.from_pretrained`, but a checkpoint that misses weights (or,
+        without `ignore_mismatched_sizes`, has mis-shaped ones) is an error, never a silent
+        random initialisation."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        problems = {key: sorted(info.get(key) or ()) for key in ("missing_keys", "mismatched_keys")}
+        if kwargs.get("ignore_mismatched_sizes"):
+            problems.pop("mismatched_keys")
+        problems = {key: value for key, value in problems.items() if value}
+        if problems:
+            raise ValueError(
+                f"The checkpoint does not match {cls.__name__} (head '{model.config.head_type}'): {problems}. "
+                "Save it with this package's save_pretrained, or convert a plain model with from_backbone()."
+            )
+        return (model, info) if want_info else model
+
+    def _head_outputs(self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None):
+        """Run the head on the kept positions; return (loss, logits, aux_loss)."""
+        hidden = slice_logits_to_keep(last_hidden, logits_to_keep) * self.config.hidden_scale
+        layers = {i: slice_logits_to_keep(hidden_states[i], logits_to_keep) for i in self.head.layer_indices}
+        if labels is not None:
+            labels = slice_logits_to_keep(labels.unsqueeze(-1), logits_to_keep).squeeze(-1).to(hidden.device)
+        out = self.head(HeadInputs(hidden=hidden, embeddings=self.output_embedding_matrix(), layers=layers), labels)
+        loss = None
+        if labels is not None:
+            count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE_INDEX).sum()
+            loss = out.nll_sum / count
+            if out.aux_loss is not None:
+                loss = loss + out.aux_loss
+        return loss, out.logits, out.aux_loss
+
+    def _needs_hidden_states(self, output_hidden_states) -> tuple[bool, bool]:
+        """(ask the backbone for hidden states, return them to the caller)."""
+        wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return bool(wanted) or bool(self.head.layer_indices), bool(wanted)
+
+
+class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
+    """A decoder-only backbone (GPT-2, Llama, Qwen2, Mistral, ...) with an output head."""
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_hidden_states=None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> OutHeadsCausalLMOutput:
+        ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("return_dict", None)
+        outputs = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=ask_hidden,
+            return_dict=True,
+            **kwargs,
+        )
+        if labels is not None:  # position t predicts token t + 1
+            labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+        loss, logits, aux_loss = self._head_outputs(
+            outputs.last_hidden_state, outputs.hidden_states, labels, logits_to_keep, num_items_in_batch
+        )
+        return OutHeadsCausalLMOutput(
+            loss=loss,
+            aux_loss=aux_loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states if return_hidden else None,
+            attentions=outputs.attentions,
+        )
+
+
+class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
+    """An encoder-decoder backbone (T5, BART, Marian, ...) with an output head on the decoder."""
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        text = self.config.text_config
+        return shift_right(labels, text.decoder_start_token_id, text.pad_token_id)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_hidden_states=None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> OutHeadsSeq2SeqLMOutput:
+        ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("return_dict", None)
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=ask_hidden,
+            return_dict=True,
+            **kwargs,
+        )
+        loss, logits, aux_loss = self._head_outputs(
+            outputs.last_hidden_state, outputs.decoder_hidden_states, labels, logits_to_keep, num_items_in_batch
+        )
+        return OutHeadsSeq2SeqLMOutput(
+            loss=loss,
+            aux_loss=aux_loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states if return_hidden else None,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+OutHeadsConfig.register_for_auto_class()
+OutHeadsForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+OutHeadsForSeq2SeqLM.register_for_auto_class("AutoModelForSeq2SeqLM")
