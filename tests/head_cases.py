@@ -1,0 +1,9 @@
+"""One row per registered head: the options the shared contract tests build it with
+(tiny sizes; tests/tiny.py backbones have hidden 32, 2 layers, vocab 99).
+A new head joins every contract test by adding its row here."""
+
+HEAD_CASES = {
+    "linear": {},
+    "tied": {},
+    "bilinear": {},
+}
