@@ -19,6 +19,12 @@ TIED_OUTPUT_SCALE = {
 # per-word output bias added to the logits (BART, mBART, Marian, Pegasus, Blenderbot).
 OUTPUT_BIAS_BUFFERS = ("final_logits_bias",)
 
+# Config attributes naming the embedding width d when it differs from hidden_size.
+EMBED_WIDTH_ATTRIBUTES = ("embedding_size", "word_embed_proj_dim")
+# model_type -> attribute naming the width of the final hidden state when the backbone
+# projects it away from hidden_size (OPT's `project_out` maps back to word_embed_proj_dim).
+OUTPUT_WIDTH_ATTRIBUTE = {"opt": "word_embed_proj_dim"}
+
 
 def hidden_scale(text_config) -> float:
     """Factor applied to the final hidden state before the head (1.0 for most families)."""
@@ -39,8 +45,10 @@ def num_layers(text_config) -> int:
 
 
 def head_dims(text_config) -> HeadDims:
-    hidden = text_config.hidden_size
-    embed = getattr(text_config, "embedding_size", None) or getattr(text_config, "word_embed_proj_dim", None) or hidden
+    """`hidden_dim` (d_h) is the width of the backbone's output, `embed_dim` (d) that of E."""
+    output_width = OUTPUT_WIDTH_ATTRIBUTE.get(text_config.model_type)
+    hidden = getattr(text_config, output_width) if output_width else text_config.hidden_size
+    embed = next((getattr(text_config, a) for a in EMBED_WIDTH_ATTRIBUTES if getattr(text_config, a, None)), hidden)
     return HeadDims(
         vocab_size=text_config.vocab_size, embed_dim=embed, hidden_dim=hidden, num_layers=num_layers(text_config)
     )

@@ -1,0 +1,90 @@
+"""`from_backbone`: a converted model computes exactly what the original transformers LM computes."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, OPTConfig, OPTForCausalLM
+
+from hf_outheads import OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from tiny import ALL, SEQ2SEQ, batch, tiny_original
+
+# the head whose form each tiny original has (tests/tiny.py ties GPT-2/T5/BART/Marian, unties the rest)
+EXPECTED_HEAD = {"gpt2": "tied", "llama": "linear", "qwen2": "linear", "mistral": "linear",
+                 "t5": "tied", "bart": "tied", "marian": "tied"}
+
+
+def wrapper_class(name):
+    return OutHeadsForSeq2SeqLM if name in SEQ2SEQ else OutHeadsForCausalLM
+
+
+def assert_same_outputs(original, converted, inputs):
+    with torch.no_grad():
+        want, got = original(**inputs), converted(**inputs)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_converted_model_matches_original(name):
+    original = tiny_original(name)
+    converted = wrapper_class(name).from_backbone(original).eval()
+    assert converted.config.head_type == EXPECTED_HEAD[name]
+    assert converted.config.text_config.model_type == original.config.model_type
+    assert_same_outputs(original, converted, batch(name))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "marian"])
+def test_from_backbone_local_path(name, tmp_path):
+    original = tiny_original(name)
+    original.save_pretrained(tmp_path)
+    converted = wrapper_class(name).from_backbone(str(tmp_path)).eval()
+    assert_same_outputs(original, converted, batch(name))
+
+
+@pytest.mark.parametrize("name", ["llama", "bart"])
+def test_converted_model_survives_save_and_auto_load(name, tmp_path):
+    original = tiny_original(name)
+    wrapper_class(name).from_backbone(original).save_pretrained(tmp_path)
+    auto = AutoModelForSeq2SeqLM if name in SEQ2SEQ else AutoModelForCausalLM
+    reloaded = auto.from_pretrained(tmp_path).eval()
+    assert isinstance(reloaded, wrapper_class(name))
+    assert_same_outputs(original, reloaded, batch(name))
+
+
+def test_position_ids_reach_the_backbone():
+    """GPT-2 has absolute positions: shifted position_ids change the logits, identically in both."""
+    original = tiny_original("gpt2")
+    converted = OutHeadsForCausalLM.from_backbone(original).eval()
+    inputs = batch("gpt2")
+    shifted = dict(inputs, position_ids=torch.arange(7).expand(2, 7) + 5)
+    assert_same_outputs(original, converted, shifted)
+    with torch.no_grad():
+        assert not torch.allclose(converted(**inputs).logits, converted(**shifted).logits)
+
+
+def test_bilinear_from_tied_original_is_exact():
+    """`W_l = I` makes `E W_l h + b` the tied original exactly."""
+    original = tiny_original("gpt2")
+    converted = OutHeadsForCausalLM.from_backbone(original, head_type="bilinear").eval()
+    assert converted.config.head_type == "bilinear"
+    assert_same_outputs(original, converted, batch("gpt2"))
+
+
+def test_tied_head_on_untied_original_warns(caplog):
+    original = tiny_original("llama")
+    with caplog.at_level("WARNING", logger="hf_outheads.conversion"):
+        converted = OutHeadsForCausalLM.from_backbone(original, head_type="tied").eval()
+    assert "cannot reproduce the original LM head" in caplog.text
+    with torch.no_grad():
+        assert not torch.allclose(converted(**batch("llama")).logits, original(**batch("llama")).logits)
+
+
+def test_opt_with_projected_embeddings():
+    """OPT projects its output back to word_embed_proj_dim (d = d_h = 16 != hidden_size 32)."""
+    torch.manual_seed(0)
+    config = OPTConfig(hidden_size=32, word_embed_proj_dim=16, ffn_dim=64, num_hidden_layers=2,
+                       num_attention_heads=4, vocab_size=99, max_position_embeddings=64)
+    original = OPTForCausalLM(config).eval()
+    converted = OutHeadsForCausalLM.from_backbone(original).eval()
+    assert converted.config.head_type == "tied"
+    assert (converted.head.dims.hidden_dim, converted.head.dims.embed_dim) == (16, 16)
+    assert_same_outputs(original, converted, batch("gpt2"))
