@@ -1,0 +1,161 @@
+"""`joint`: structure-aware output layer over a joint input-output embedding (Pappas,
+Miculicich & Henderson 2018, "Beyond Weight Tying", Eq. 12-15).
+
+Scores `g_out(E) . g_in(h) + b` with `g_out(E) = act(E U + b_u)` (`|V| x d_j`, Eq. 12) and
+`g_in(h) = act(V h + b_v)` (`d_j`, Eq. 13). `form` selects the paper's Table 3 ablations:
+"both" (Eq. 15, default), "output" (Eq. 7a, `act(E U + b_u) h`, needs `d_j == d_h`),
+"context" (Eq. 7b, `E act(V h + b_v)`, needs `d_j == d`), "bilinear" (Eq. 6, `E V h`,
+needs `d_j == d`, no activation). With identity activation and identity projections it is
+`tied` (Eq. 18).
+
+`joint_dim` defaults to the size the form needs, `d_h` for "both": the paper's
+same-capacity setting (Table 3, Eq. 15 with `d_j = d = d_h = 512`, best on En-De), whose
+scoring matmul costs what `tied`'s does. The paper's best De-En model uses 2048 (4x d);
+the label encoder costs `2 |V| d d_j` and scoring `2 N d_j |V|` FLOPs per forward.
+
+Departures from paper / reference code (idiap/joint-embedding-nmt):
+- The ablation forms keep the bias of the projection they use (Eq. 12/13); Eq. 6/7 omit it.
+- No sampled softmax here (paper 3.2); evaluation and generation use the full vocabulary
+  in the paper too.
+- Init as the reference code: every projection parameter uniform(-0.1, 0.1); output bias zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .heads import HeadDims, HeadOptions, SoftmaxHead, check_choice, check_positive
+
+ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "identity": lambda x: x}
+SLOPE_AT_ZERO = {"tanh": 1.0, "sigmoid": 0.25, "relu": 1.0, "identity": 1.0}
+FORMS = ("both", "output", "context", "bilinear")
+
+
+@dataclass
+class JointOptions(HeadOptions):
+    """joint_dim: d_j (None: `d_h` for "both"/"output", `d` for "context"/"bilinear"; filled
+    in by `validate`, so a saved config states it); activation: tanh (paper) / sigmoid /
+    relu / identity; form: both / output / context / bilinear (Table 3)."""
+
+    joint_dim: int | None = None
+    activation: str = "tanh"
+    form: str = "both"
+
+    def validate(self, dims: HeadDims) -> None:
+        check_choice("joint", "form", self.form, FORMS)
+        check_choice("joint", "activation", self.activation, tuple(ACTIVATIONS))
+        needed = {"output": ("d_h", dims.hidden_dim), "context": ("d", dims.embed_dim), "bilinear": ("d", dims.embed_dim)}
+        if self.joint_dim is None:
+            self.joint_dim = needed.get(self.form, ("d_h", dims.hidden_dim))[1]
+        check_positive("joint", joint_dim=self.joint_dim)
+        if self.form in needed and self.joint_dim != needed[self.form][1]:
+            name, size = needed[self.form]
+            raise ValueError(
+                f"Head 'joint' with form '{self.form}' has no projection on one side, so joint_dim must equal "
+                f"{name}={size}, got {self.joint_dim}. Omit joint_dim or use form 'both'."
+            )
+
+
+class JointHead(SoftmaxHead):
+    head_type = "joint"
+    Options = JointOptions
+
+    def __init__(self, options: JointOptions, dims: HeadDims):
+        super().__init__(options, dims)
+        options.validate(dims)  # resolves joint_dim when the head is built directly
+        d_j, form = options.joint_dim, options.form
+        self.out_proj = nn.Linear(dims.embed_dim, d_j) if form in ("both", "output") else None  # U, b_u
+        self.in_proj = (
+            nn.Linear(dims.hidden_dim, d_j, bias=form != "bilinear") if form != "output" else None
+        )  # V, b_v
+        self.act = ACTIVATIONS[options.activation]
+        self.in_act = self.act if form in ("both", "context") else ACTIVATIONS["identity"]
+        self.bias = nn.Parameter(torch.empty(dims.vocab_size))
+
+    def reset_parameters(self) -> None:
+        for proj in (self.out_proj, self.in_proj):
+            for param in proj.parameters() if proj is not None else ():
+                init.uniform_(param, -0.1, 0.1)  # reference code: every parameter
+        init.zeros_(self.bias)
+
+    def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return self.act(self.out_proj(embeddings)) if self.out_proj is not None else embeddings
+
+    def context(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.in_act(self.in_proj(hidden)) if self.in_proj is not None else hidden
+
+    def init_from_lm_head(self, weight, bias, embeddings) -> bool:
+        """Start from `E M h + b`, `M = I` for a tied original, else the least-squares fit of
+        `E M ~= W` (as `bilinear`; approximate). "both" factors `M = U V` (SVD, rank
+        `min(d, d_h, d_j)`); the other forms put `M` in their one projection.
+
+        Exact (returns True) for a tied original with identity activation (and `d_j >= d`
+        for "both"), form "bilinear", or relu with form "output" (`b_u = -min(E U)` keeps relu
+        linear: logits shift by `b_u . h`, same distribution). Otherwise approximate:
+        tanh and sigmoid are bounded, so `g_out . g_in` cannot equal `E h`; they are started in
+        their linear regime `act(x) ~ act(0) + slope * x`, with the per-word offset
+        `g_out(e_w) . act(b_v)` removed through `b`. For "both", U and V are rotated by a
+        fixed random orthogonal matrix (spreads outlier dimensions) and scaled by `a, c` with
+        `a c slope^2 = 1`, balanced for a hidden state of unit RMS per coordinate; the error
+        is cubic in the pre-activations and shrinks as d_j grows. Relu shifts its inputs
+        onto the linear side: exact on the output side, on the input side for
+        `V h > -3 ||V_j||` (three standard deviations of a unit-RMS h).
+        """
+        form, act_name, d_j = self.options.form, self.options.activation, self.options.joint_dim
+        linear = act_name == "identity" or form == "bilinear"
+        slope = 1.0 if linear else SLOPE_AT_ZERO[act_name]
+        with torch.no_grad():
+            E, W = embeddings.float(), weight.float()
+            tied = weight.shape == embeddings.shape and torch.equal(weight, embeddings)
+            M = torch.eye(E.shape[1], dtype=E.dtype, device=E.device) if tied else torch.linalg.lstsq(E, W).solution
+            U = V = None
+            if form == "both":
+                U, V = self._factor(M, tied, rotate=not linear)
+                r_e = (E @ U).pow(2).mean().sqrt().clamp(min=1e-12)
+                r_h = (V.pow(2).sum() / d_j).sqrt().clamp(min=1e-12)
+                a = 1.0 if linear else (r_h / r_e).sqrt().item() / slope
+                U, V = a * U, V / (a * slope * slope)
+            elif form == "output":
+                U = M / slope
+            else:
+                V = M / slope
+            g_out = E
+            if U is not None:
+                b_u = torch.zeros(d_j, dtype=E.dtype, device=E.device)
+                if act_name == "relu":
+                    b_u = (-(E @ U).min(dim=0).values).clamp(min=0)
+                self.out_proj.weight.copy_(U.T)
+                self.out_proj.bias.copy_(b_u)
+                g_out = self.act(E @ U + b_u)
+            offset = torch.zeros(1, dtype=E.dtype, device=E.device)
+            if V is not None:
+                self.in_proj.weight.copy_(V)
+                if self.in_proj.bias is not None:
+                    b_v = 3.0 * V.norm(dim=1) if act_name == "relu" else torch.zeros(d_j, dtype=E.dtype, device=E.device)
+                    self.in_proj.bias.copy_(b_v)
+                    offset = g_out @ self.in_act(b_v)  # per-word score of g_in's resting value
+            self.bias.copy_(bias.float() - offset)
+        exact_form = linear or (act_name == "relu" and form == "output")
+        return bool(tied and exact_form and (form != "both" or d_j >= E.shape[1]))
+
+    def _factor(self, M: torch.Tensor, tied: bool, rotate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """`U` (`d x d_j`), `V` (`d_j x d_h`) with `U V = M` up to rank `d_j`."""
+        d_j = self.options.joint_dim
+        if tied:
+            left = right = torch.eye(M.shape[0], dtype=M.dtype, device=M.device)
+        else:
+            A, S, Bh = torch.linalg.svd(M, full_matrices=False)
+            left, right = A * S.sqrt(), S.sqrt()[:, None] * Bh
+        r = min(left.shape[1], d_j)
+        if rotate:
+            g = torch.Generator().manual_seed(0)  # deterministic conversion
+            basis = torch.linalg.qr(torch.randn(d_j, d_j, generator=g, dtype=torch.float64)).Q[:r]
+        else:
+            basis = torch.eye(r, d_j, dtype=torch.float64)
+        basis = basis.to(dtype=M.dtype, device=M.device)
+        return left[:, :r] @ basis, basis.T @ right[:r]
