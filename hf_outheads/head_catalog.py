@@ -7,6 +7,8 @@ file next to a saved model (remote code follows only single-dot imports).
 from __future__ import annotations
 
 from .head_bilinear import BilinearHead
+from .head_drill import DrillHead
+from .head_joint import JointHead
 from .head_linear import LinearHead
 from .head_tied import TiedHead
 from .heads import OutputHead
@@ -17,6 +19,8 @@ HEAD_CLASSES: dict[str, type[OutputHead]] = {
         LinearHead,
         TiedHead,
         BilinearHead,
+        JointHead,
+        DrillHead,
     )
 }
 

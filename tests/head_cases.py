@@ -6,4 +6,6 @@ HEAD_CASES = {
     "linear": {},
     "tied": {},
     "bilinear": {},
+    "joint": {"joint_dim": 16},
+    "drill": {"depth": 2},
 }
