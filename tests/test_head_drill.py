@@ -1,0 +1,156 @@
+"""`drill` (Pappas & Henderson 2019): model behaviour, its equations' properties, dropout,
+conversion from pretrained LMs and option validation."""
+
+import pytest
+import torch
+
+from hf_outheads import HeadDims, OutHeadsConfig
+from hf_outheads.head_drill import DrillHead, DrillOptions, LabelDropout
+from label_encoder_checks import (
+    build, check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
+    max_log_prob_error, mean_kl,
+)
+from tiny import tiny_config
+
+TINY = {"depth": 2, "dropout": 0.3, "dropout_kind": "standard"}
+DIMS = HeadDims(vocab_size=99, embed_dim=32, hidden_dim=32, num_layers=2)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bart"])
+def test_trains_generates_keeps_logits_and_round_trips(name, tmp_path):
+    model = build(name, "drill", TINY)
+    check_train_step(model, name)
+    check_generate(model, name)
+    check_logits_to_keep(model, name)
+    check_save_load(model, name, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bart"])
+def test_depth_zero_is_the_tied_head(name):
+    tied = build(name, "tied", seed=0)
+    with torch.no_grad():
+        tied.head.bias.normal_()
+    drill = build(name, "drill", {"depth": 0}, seed=1)
+    drill.load_state_dict(tied.state_dict())
+    inputs = decoder_inputs(name)
+    with torch.no_grad():
+        assert torch.equal(drill(**inputs).logits, tied(**inputs).logits)
+
+
+def head(**options) -> DrillHead:
+    torch.manual_seed(0)
+    module = DrillHead(DrillOptions(**options), DIMS)
+    module.reset_parameters()
+    return module
+
+
+def test_label_encoder_follows_eq_9_and_10():
+    E = torch.randn(99, 32)
+    for previous in (False, True):
+        h = head(depth=3, activation="tanh", residual_previous=previous)
+        want = E
+        for i, layer in enumerate(h.layers):
+            want = torch.tanh(want @ layer.weight.T + layer.bias) + E + (want if previous and i > 0 else 0)
+        torch.testing.assert_close(h.label_matrix(E), want)
+
+
+@pytest.mark.parametrize("position", ["input", "output"])
+@pytest.mark.parametrize("kind", ["locked", "standard"])
+def test_dropout_is_active_in_training_and_absent_in_eval(kind, position):
+    E = torch.randn(99, 32)
+    h = head(dropout=0.5, dropout_kind=kind, dropout_position=position)
+    plain = head(dropout=0.0)
+    h.train()
+    assert not torch.equal(h.label_matrix(E), h.label_matrix(E))
+    h.eval()
+    assert torch.equal(h.label_matrix(E), plain.label_matrix(E))
+
+
+def zero_columns_shared_by_all_rows(x: torch.Tensor) -> bool:
+    zeros = x == 0
+    return bool(zeros.any() and torch.equal(zeros.all(dim=0), zeros.any(dim=0)))
+
+
+def test_locked_mask_is_one_row_shared_by_the_whole_vocabulary():
+    x = torch.rand(99, 32) + 1.0  # no zeros of its own
+    locked, standard = LabelDropout(0.5, "locked").train(), LabelDropout(0.5, "standard").train()
+    dropped = locked(x)
+    assert zero_columns_shared_by_all_rows(dropped)
+    assert not torch.equal(dropped, locked(x))  # a new mask per call (per forward)
+    assert not zero_columns_shared_by_all_rows(standard(x))
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], (x * 2)[kept])  # inverted scaling by 1 / (1 - p)
+
+
+def test_locked_mask_in_the_head_input_and_output_positions():
+    """Input position (reference code): the first layer sees E with whole columns dropped.
+    Output position (Eq. 12): f_1's output has whole columns dropped, so E^(1) - E does."""
+    E = torch.rand(99, 32) + 1.0
+    seen = []
+    h = head(depth=1, dropout=0.5, dropout_kind="locked", dropout_position="input").train()
+    h.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    h.label_matrix(E)
+    assert zero_columns_shared_by_all_rows(seen[0])
+    h = head(depth=1, dropout=0.5, dropout_kind="locked", dropout_position="output").train()
+    assert zero_columns_shared_by_all_rows(h.label_matrix(E) - E)
+    h = head(depth=1, dropout=0.5, dropout_kind="standard", dropout_position="output").train()
+    assert not zero_columns_shared_by_all_rows(h.label_matrix(E) - E)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bart"])
+@pytest.mark.parametrize("activation", ["relu", "tanh", "sigmoid"])
+def test_conversion_keeps_the_next_token_distribution(name, activation):
+    exact, want, got = convert(name, "drill", {"depth": 2, "activation": activation})
+    assert exact
+    assert max_log_prob_error(want, got) < 1e-5
+    shift = got - want  # sigmoid(0) = 1/2 moves every logit of a position by sum(h) / 2
+    if activation == "sigmoid":
+        torch.testing.assert_close(shift, shift[..., :1].expand_as(shift), rtol=0, atol=1e-5)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_conversion_with_residual_to_previous_layer():
+    """Layers >= 2 must cancel E^(i-1): exact for relu, small error for small embeddings otherwise."""
+    exact, want, got = convert("gpt2", "drill", {"depth": 3, "activation": "relu", "residual_previous": True})
+    assert exact and max_log_prob_error(want, got) < 1e-5
+    for activation, bound in (("tanh", 2e-3), ("sigmoid", 5e-3)):  # measured 5e-4, 2e-3
+        exact, want, got = convert("gpt2", "drill", {"depth": 3, "activation": activation, "residual_previous": True})
+        assert not exact and max_log_prob_error(want, got) < bound
+
+
+def test_conversion_of_an_untied_head_uses_it():
+    """Llama's lm_head is not E: the least-squares start is closer to it than E alone (depth 0)."""
+    exact, want, got = convert("llama", "drill", {"depth": 2, "activation": "relu"})
+    assert not exact
+    _, _, embeddings_only = convert("llama", "drill", {"depth": 0})
+    assert mean_kl(want, got) < 0.5 * mean_kl(want, embeddings_only)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"depth": -1}, "'depth' must be an integer >= 0"),
+        ({"depth": 1.5}, "'depth' must be an integer >= 0"),
+        ({"activation": "gelu"}, "'activation'='gelu' is not one of"),
+        ({"dropout": 1.0}, "'dropout' must be in \\[0, 1\\)"),
+        ({"dropout": -0.1}, "'dropout' must be in \\[0, 1\\)"),
+        ({"dropout_kind": "gaussian"}, "'dropout_kind'"),
+        ({"dropout_position": "middle"}, "'dropout_position'"),
+        ({"width": 3}, "Unknown option"),
+    ],
+)
+def test_invalid_options_fail_at_config_construction(options, message):
+    with pytest.raises(ValueError, match=message):
+        OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="drill", head_options=options)
+
+
+def test_needs_equal_embedding_and_hidden_widths():
+    with pytest.raises(ValueError, match="d=16 must equal the hidden width d_h=32"):
+        DrillOptions().validate(HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2))
+
+
+def test_defaults_are_stored_in_the_config():
+    config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="drill")
+    assert config.head_options == {"depth": 2, "activation": "sigmoid", "dropout": 0.0, "dropout_kind": "locked",
+                                   "dropout_position": "input", "residual_previous": False}
