@@ -1,0 +1,200 @@
+"""The contract every head meets on each backbone kind: one row of tests/head_cases.py per head.
+
+Heads x {causal (Llama), seq2seq (T5)}: forward/backward, training, loss = cross-entropy of
+the logits, logits_to_keep, cached generation, save/load, Auto classes, remote code.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from head_cases import HEAD_CASES
+from tiny import SEQ2SEQ, batch, tiny_config
+
+BACKBONES = ("llama", "t5")
+CASES = [(head, backbone) for head in sorted(HEAD_CASES) for backbone in BACKBONES]
+IDS = [f"{head}-{backbone}" for head, backbone in CASES]
+
+
+def model_class(backbone):
+    return OutHeadsForSeq2SeqLM if backbone in SEQ2SEQ else OutHeadsForCausalLM
+
+
+def auto_class(backbone):
+    return AutoModelForSeq2SeqLM if backbone in SEQ2SEQ else AutoModelForCausalLM
+
+
+def build(head, backbone, seed=0):
+    torch.manual_seed(seed)
+    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type=head, head_options=HEAD_CASES[head])
+    return model_class(backbone)(config).eval()
+
+
+def inputs_only(backbone):
+    """The batch without labels (seq2seq: decoder inputs from the labels, as in training)."""
+    inputs = batch(backbone)
+    labels = inputs.pop("labels")
+    if backbone in SEQ2SEQ:
+        shifted = torch.full_like(labels, tiny_config(backbone).decoder_start_token_id)
+        shifted[:, 1:] = labels[:, :-1]
+        inputs["decoder_input_ids"] = shifted
+    return inputs
+
+
+def logits_of(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def test_every_registered_head_has_a_case():
+    assert set(HEAD_CLASSES) == set(HEAD_CASES), "add a row to tests/head_cases.py for every registered head"
+
+
+@pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
+def test_forward_backward_reaches_head(head, backbone):
+    model = build(head, backbone)
+    data = batch(backbone)
+    out = model(**data)
+    assert out.logits is None or out.logits.shape[-1] == model.config.vocab_size
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    for name, param in model.head.named_parameters():
+        assert param.grad is not None, f"no gradient reaches head.{name}"
+        assert torch.isfinite(param.grad).all() and param.grad.abs().sum() > 0, f"head.{name}: zero/NaN gradient"
+
+
+@pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
+def test_loss_is_cross_entropy_of_logits(head, backbone):
+    """The head's own loss (minus any auxiliary term) is the NLL of the scores it returns."""
+    model = build(head, backbone)
+    data = batch(backbone)
+    with torch.no_grad():
+        out = model(**data)
+        logits = model(**inputs_only(backbone)).logits
+    assert logits.shape == (*data["labels"].shape, model.config.vocab_size)
+    if model.head.returns_log_probs:
+        torch.testing.assert_close(logits.logsumexp(-1), torch.zeros(logits.shape[:-1]), atol=1e-4, rtol=0)
+    labels = data["labels"]
+    if backbone not in SEQ2SEQ:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+    nll = out.loss - (out.aux_loss if out.aux_loss is not None else 0)
+    torch.testing.assert_close(nll, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
+def test_training_reduces_loss(head, backbone):
+    model = build(head, backbone)
+    data = batch(backbone)
+    with torch.no_grad():
+        before = model(**data).loss.item()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(6):
+        optimizer.zero_grad()
+        model(**data).loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        after = model(**data).loss.item()
+    assert after < before - 0.1, (before, after)
+
+
+@pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
+def test_logits_to_keep_and_cached_generation(head, backbone):
+    model = build(head, backbone)
+    inputs = inputs_only(backbone)
+    full = logits_of(model, inputs)
+    torch.testing.assert_close(logits_of(model, dict(inputs, logits_to_keep=2)), full[:, -2:], rtol=1e-5, atol=1e-5)
+    prompt = {"input_ids": inputs["input_ids"]}
+    generated = [model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, use_cache=cache)
+                 for cache in (True, False)]
+    assert generated[0].shape[1] >= 4 and torch.equal(*generated)
+
+
+@pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
+def test_save_load_and_auto_classes(head, backbone, tmp_path):
+    model = build(head, backbone)
+    model.save_pretrained(tmp_path)
+    inputs = inputs_only(backbone)
+    want = logits_of(model, inputs)
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert type(config) is OutHeadsConfig
+    assert (config.head_type, config.head_options) == (head, model.config.head_options)
+    for loader in (model_class(backbone), auto_class(backbone), AutoModel):
+        reloaded = loader.from_pretrained(tmp_path).eval()
+        assert type(reloaded) is model_class(backbone), loader
+        assert torch.equal(logits_of(reloaded, inputs), want), loader
+
+
+REMOTE_SCRIPT = r"""
+import sys
+sys.modules["hf_outheads"] = None  # the package must not be importable: only the saved code files
+import json, torch, transformers
+try:
+    import hf_outheads
+    raise SystemExit("hf_outheads is importable in the remote-code subprocess")
+except ImportError:
+    pass
+results = {}
+for case in json.load(open(sys.argv[1])):
+    try:
+        auto = getattr(transformers, case["auto"])
+        model = auto.from_pretrained(case["folder"], trust_remote_code=True).eval()
+        plain = transformers.AutoModel.from_pretrained(case["folder"], trust_remote_code=True)
+        with torch.no_grad():
+            logits = model(**torch.load(case["folder"] + "/inputs.pt")).logits
+        torch.save(logits, case["folder"] + "/remote_logits.pt")
+        results[case["id"]] = {"module": type(model).__module__, "class": type(model).__name__,
+                               "automodel_class": type(plain).__name__}
+    except Exception as error:
+        results[case["id"]] = {"error": f"{type(error).__name__}: {error}"}
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def remote_loads(tmp_path_factory):
+    """Save every case, load them all with trust_remote_code in ONE fresh process."""
+    root = tmp_path_factory.mktemp("remote")
+    cases, expected = [], {}
+    for (head, backbone), case_id in zip(CASES, IDS):
+        folder = root / case_id
+        try:
+            model = build(head, backbone)
+        except Exception as error:  # reported by the test of this case
+            expected[case_id] = error
+            continue
+        model.save_pretrained(folder)
+        inputs = inputs_only(backbone)
+        torch.save(inputs, folder / "inputs.pt")
+        expected[case_id] = logits_of(model, inputs)
+        cases.append({"id": case_id, "folder": str(folder), "auto": auto_class(backbone).__name__})
+    (root / "cases.json").write_text(json.dumps(cases))
+    (root / "load.py").write_text(REMOTE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(root / "modules"))
+    run = subprocess.run([sys.executable, str(root / "load.py"), str(root / "cases.json")], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return root, expected, json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
+def test_remote_code_load_in_fresh_process(head, backbone, remote_loads):
+    root, expected, results = remote_loads
+    case_id = f"{head}-{backbone}"
+    if isinstance(expected[case_id], Exception):
+        raise expected[case_id]
+    result = results[case_id]
+    assert "error" not in result, result.get("error")
+    assert result["module"].startswith("transformers_modules.")
+    assert result["class"] == result["automodel_class"] == model_class(backbone).__name__
+    assert torch.equal(torch.load(root / case_id / "remote_logits.pt"), expected[case_id])
