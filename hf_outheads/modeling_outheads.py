@@ -95,14 +95,14 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """As `PreTrainedModel.from_pretrained`, but a checkpoint that misses weights (or,
-        without `ignore_mismatched_sizes`, has mis-shaped ones) is an error, never a silent
-        random initialisation."""
+        """As `PreTrainedModel.from_pretrained`, but a checkpoint that misses weights, has
+        weights this model lacks (another head type) or, without `ignore_mismatched_sizes`,
+        has mis-shaped ones is an error, never a silent random initialisation."""
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        problems = {key: sorted(info.get(key) or ()) for key in ("missing_keys", "mismatched_keys")}
-        if kwargs.get("ignore_mismatched_sizes"):
-            problems.pop("mismatched_keys")
+        allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        keys = ("missing_keys", "unexpected_keys") + (() if allow_mismatch else ("mismatched_keys",))
+        problems = {key: sorted(info.get(key) or (), key=str) for key in keys}
         problems = {key: value for key, value in problems.items() if value}
         if problems:
             raise ValueError(
