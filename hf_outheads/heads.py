@@ -97,7 +97,8 @@ class OutputHead(nn.Module):
       - `layer_indices`: indices into the backbone's `hidden_states` the head needs besides
         the final hidden state (0 = embedding output); empty for most heads.
       - `returns_log_probs`: `logits` holds normalised log-probabilities (mixtures).
-    Subclasses implement `forward(inputs, labels) -> HeadOutput` and `init_from_lm_head`.
+    Subclasses implement `forward(inputs, labels) -> HeadOutput` and `init_from_lm_head`;
+    `resize_vocab` has a generic default (used by `model.resize_token_embeddings`).
     """
 
     head_type: ClassVar[str]
@@ -124,6 +125,25 @@ class OutputHead(nn.Module):
 
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
         raise NotImplementedError
+
+    @torch.no_grad()
+    def resize_vocab(self, new_size: int) -> None:
+        """Resize every per-word tensor (a parameter or buffer whose first dimension is the
+        vocabulary size) to `new_size` rows: old rows are kept, new rows get the mean of the
+        old ones (so new words start with average scores). Override for other layouts."""
+        old_size = self.dims.vocab_size
+        for module in self.modules():
+            for store in (module._parameters, module._buffers):
+                for name, tensor in store.items():
+                    if tensor is None or tensor.dim() == 0 or tensor.shape[0] != old_size:
+                        continue
+                    rows = tensor[:new_size]
+                    if new_size > old_size:
+                        extra = tensor.mean(0, keepdim=True).expand(new_size - old_size, *tensor.shape[1:])
+                        rows = torch.cat([tensor, extra])
+                    rows = rows.clone()
+                    store[name] = nn.Parameter(rows, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else rows
+        self.dims = dataclasses.replace(self.dims, vocab_size=new_size)
 
 
 def nll_sum_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

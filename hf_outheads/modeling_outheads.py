@@ -111,6 +111,16 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
             )
         return (model, info) if want_info else model
 
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Resize the backbone's embeddings, then the head's per-word parameters
+        (`head.resize_vocab`), and keep `config.vocab_size` and `text_config.vocab_size` equal."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        new_size = embeddings.weight.shape[0]
+        if new_size != self.head.dims.vocab_size:
+            self.head.resize_vocab(new_size)
+        self.config.vocab_size = self.config.text_config.vocab_size = new_size
+        return embeddings
+
     def _head_outputs(self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None):
         """Run the head on the kept positions; return (loss, logits, aux_loss)."""
         hidden = slice_logits_to_keep(last_hidden, logits_to_keep) * self.config.hidden_scale
