@@ -1,0 +1,90 @@
+"""`push_to_hub` uploads weights, configs, code and a real model card, in one commit. Only
+`HfApi.create_repo` / `HfApi.create_commit` are replaced; everything else runs for real."""
+
+import pytest
+import torch
+from huggingface_hub import HfApi, ModelCard
+from huggingface_hub.hf_api import RepoUrl
+from transformers import AutoModelForCausalLM
+
+from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from tiny import batch, tiny_config
+
+CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "heads.py", "head_catalog.py", "backbones.py"}
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """Record each commit as {path_in_repo: bytes}."""
+    commits = []
+
+    def create_repo(self, repo_id, **kwargs):
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        files = {}
+        for op in operations:
+            with open(op.path_or_fileobj, "rb") as handle:
+                files[op.path_in_repo] = handle.read()
+        commits.append({"repo_id": repo_id, "files": files, "message": kwargs.get("commit_message")})
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    return commits
+
+
+def build(backbone="gpt2", head="bilinear", cls=OutHeadsForCausalLM):
+    torch.manual_seed(0)
+    return cls(OutHeadsConfig(text_config=tiny_config(backbone), head_type=head)).eval()
+
+
+def head_files():
+    return {f"{cls.__module__.rsplit('.', 1)[-1]}.py" for cls in HEAD_CLASSES.values()}
+
+
+def test_push_to_hub_uploads_everything_in_one_commit(fake_hub, tmp_path):
+    model = build()
+    model.push_to_hub("someone/tiny-outheads", tags=["my-tag"])
+    assert len(fake_hub) == 1 and fake_hub[0]["repo_id"] == "someone/tiny-outheads"
+    files = fake_hub[0]["files"]
+    expected = {"config.json", "model.safetensors", "generation_config.json", "README.md"} | CODE_FILES | head_files()
+    assert expected <= set(files), expected - set(files)
+
+    card = ModelCard(files["README.md"].decode())
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
+    assert {"hf_outheads", "outheads-bilinear", "gpt2", "my-tag"} <= set(card.data.tags)
+    assert 'AutoModelForCausalLM.from_pretrained("someone/tiny-outheads", trust_remote_code=True)' in card.text
+    assert "This model card has been automatically generated" not in card.text  # transformers' stub is gone
+
+    for name, content in files.items():  # what was uploaded loads back to the same model
+        (tmp_path / name).write_bytes(content)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(**batch("gpt2")).logits, model(**batch("gpt2")).logits)
+
+
+def test_save_pretrained_with_push_uses_the_card_too(fake_hub, tmp_path):
+    build(head="tied").save_pretrained(tmp_path / "tiny-tied", push_to_hub=True, repo_id="someone/tiny-tied")
+    card = ModelCard(fake_hub[0]["files"]["README.md"].decode())
+    assert "outheads-tied" in card.data.tags
+
+
+def test_model_card_describes_the_model():
+    model = build("t5", "linear", OutHeadsForSeq2SeqLM)
+    card = model.create_model_card()
+    assert isinstance(card, ModelCard)
+    assert card.data.pipeline_tag == "text2text-generation"
+    assert "`linear`" in card.text and "`t5`" in card.text and "s(h) = W h + b" in card.text
+    assert "AutoModelForSeq2SeqLM.from_pretrained(" in card.text and "trust_remote_code=True" in card.text
+    assert f"{sum(p.numel() for p in model.head.parameters()):,}" in card.text
+
+
+def test_model_card_lists_head_options():
+    head = next((name for name, cls in HEAD_CLASSES.items() if OutHeadsConfig(
+        text_config=tiny_config("gpt2"), head_type=name).head_options), None)
+    if head is None:
+        pytest.skip("no registered head has options")
+    model = build(head=head)
+    card = model.create_model_card("someone/x")
+    for option, value in model.config.head_options.items():
+        assert f'"{option}"' in card.text, option
