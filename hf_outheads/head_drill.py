@@ -6,9 +6,11 @@ Scores `E^(k) h + b` with a label encoder of depth k over the input embeddings E
 (Eq. 9, `U_i` is `d x d`), and dropout between layers (3.2.4, Eq. 12). `g_in` is the
 identity, so `d == d_h` is required, and depth 0 is exactly `tied`.
 
-Defaults are the paper's Transformer setting (Sec. 4.3, translation): depth 2, sigmoid,
-dropout 0.0, residual to E only. Its language-model settings are depth 4, dropout 0.6 with
-sigmoid + locked dropout (PTB) or relu + standard dropout (WikiText-2).
+Defaults are the paper's Transformer setting (Sec. 4.2, translation): depth 2, sigmoid,
+dropout 0.0, residual to E only. Its language-model settings (Sec. 4.1) are depth 4,
+dropout 0.6 with sigmoid + locked dropout (PTB) or relu + standard dropout (WikiText-2).
+The dropout kind defaults to "locked" (PTB's, and one `(1, d)` mask per layer is cheaper
+than a `|V| x d` one); it only matters once `dropout > 0`.
 
 Departures from paper / reference code (idiap/drill):
 - `dropout_position="input"` (default) drops each layer's input, `act(drop(X) U + b) + E`,
@@ -56,7 +58,9 @@ class DrillOptions(HeadOptions):
 
     def validate(self, dims: HeadDims) -> None:
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0:
-            raise ValueError(f"Head 'drill': option 'depth' must be an integer >= 0 (0 is the tied head), got {self.depth!r}.")
+            raise ValueError(
+                f"Head 'drill': option 'depth' must be an integer >= 0 (0 is the tied head), got {self.depth!r}."
+            )
         check_choice("drill", "activation", self.activation, tuple(ACTIVATIONS))
         check_choice("drill", "dropout_kind", self.dropout_kind, DROPOUT_KINDS)
         check_choice("drill", "dropout_position", self.dropout_position, DROPOUT_POSITIONS)
@@ -143,9 +147,9 @@ class DrillHead(SoftmaxHead):
         measured max |log p| error 5e-4 (tanh) / 2e-3 (sigmoid) on tiny GPT-2 with N(0, 0.02)
         embeddings, useless for T5's N(0, 1) ones).
         An untied original is approximated by the least-squares fit of `W - E` on `E^(k-1)`
-        (a label row is a function of its embedding only; exact only when `W - E` lies in
-        that column span, and for relu). Returns whether the achieved `E^(k)` equals `W`
-        up to a row constant (relative 1e-5).
+        (a label row is a function of its embedding only; exact with relu when `W - E` lies
+        in that column span). Returns whether the achieved `E^(k)` equals `W` up to a row
+        constant (relative 1e-5).
         """
         with torch.no_grad():
             self.bias.copy_(bias)

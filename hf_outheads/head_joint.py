@@ -49,10 +49,13 @@ class JointOptions(HeadOptions):
     def validate(self, dims: HeadDims) -> None:
         check_choice("joint", "form", self.form, FORMS)
         check_choice("joint", "activation", self.activation, tuple(ACTIVATIONS))
-        needed = {"output": ("d_h", dims.hidden_dim), "context": ("d", dims.embed_dim), "bilinear": ("d", dims.embed_dim)}
+        d, d_h = ("d", dims.embed_dim), ("d_h", dims.hidden_dim)
+        needed = {"output": d_h, "context": d, "bilinear": d}  # forms with one projection fix d_j
         if self.joint_dim is None:
-            self.joint_dim = needed.get(self.form, ("d_h", dims.hidden_dim))[1]
+            self.joint_dim = needed.get(self.form, d_h)[1]
         check_positive("joint", joint_dim=self.joint_dim)
+        if isinstance(self.joint_dim, bool) or not isinstance(self.joint_dim, int):
+            raise ValueError(f"Head 'joint': option 'joint_dim' must be an integer, got {self.joint_dim!r}.")
         if self.form in needed and self.joint_dim != needed[self.form][1]:
             name, size = needed[self.form]
             raise ValueError(
@@ -136,7 +139,7 @@ class JointHead(SoftmaxHead):
             if V is not None:
                 self.in_proj.weight.copy_(V)
                 if self.in_proj.bias is not None:
-                    b_v = 3.0 * V.norm(dim=1) if act_name == "relu" else torch.zeros(d_j, dtype=E.dtype, device=E.device)
+                    b_v = 3.0 * V.norm(dim=1) if act_name == "relu" else torch.zeros_like(V[:, 0])
                     self.in_proj.bias.copy_(b_v)
                     offset = g_out @ self.in_act(b_v)  # per-word score of g_in's resting value
             self.bias.copy_(bias.float() - offset)

@@ -47,7 +47,8 @@ def test_forms_compute_the_papers_equations(form, formula):
     E, x = torch.randn(99, 32), torch.randn(5, 32)
     got = module.label_matrix(E) @ module.context(x).T
     torch.testing.assert_close(got, formula(module, E, x))
-    assert module.in_proj is None if form == "output" else module.in_proj.weight.shape[0] == (24 if form == "both" else 32)
+    assert (module.in_proj is None) == (form == "output")
+    assert (module.out_proj is None) == (form in ("context", "bilinear"))
 
 
 @pytest.mark.parametrize("form", ["both", "output", "context", "bilinear"])
@@ -131,6 +132,7 @@ def test_joint_dim_defaults_to_the_size_each_form_needs():
     [
         ({"joint_dim": 0}, "'joint_dim' must be > 0"),
         ({"joint_dim": -4}, "'joint_dim' must be > 0"),
+        ({"joint_dim": 16.5}, "'joint_dim' must be an integer"),
         ({"activation": "gelu"}, "'activation'='gelu' is not one of"),
         ({"form": "dual"}, "'form'='dual' is not one of"),
         ({"form": "output", "joint_dim": 16}, "form 'output' .* joint_dim must equal d_h=32, got 16"),
