@@ -7,9 +7,11 @@ file next to a saved model (remote code follows only single-dot imports).
 from __future__ import annotations
 
 from .head_bilinear import BilinearHead
+from .head_doc import DOCHead
 from .head_drill import DrillHead
 from .head_joint import JointHead
 from .head_linear import LinearHead
+from .head_mos import MoSHead
 from .head_tied import TiedHead
 from .heads import OutputHead
 
@@ -21,6 +23,8 @@ HEAD_CLASSES: dict[str, type[OutputHead]] = {
         BilinearHead,
         JointHead,
         DrillHead,
+        MoSHead,
+        DOCHead,
     )
 }
 

@@ -36,6 +36,9 @@ class HeadInputs:
     hidden: torch.Tensor  # (..., d_h) final hidden states
     embeddings: torch.Tensor  # (|V|, d) the backbone's (decoder) input embedding matrix
     layers: dict[int, torch.Tensor] = field(default_factory=dict)  # hidden_states[i], i in head.layer_indices
+    # None: the head decides (mixtures skip `logits` when training with labels); True: always
+    # compute them; False: loss only when labels are given (model forward `return_logits`)
+    return_logits: bool | None = None
 
 
 @dataclass

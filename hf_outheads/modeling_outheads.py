@@ -139,13 +139,18 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
         self.create_model_card(repo_id, tags).save(readme)
         return super()._upload_modified_files(working_dir, repo_id, *args, **kwargs)
 
-    def _head_outputs(self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None):
-        """Run the head on the kept positions; return (loss, logits, aux_loss)."""
+    def _head_outputs(
+        self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None, return_logits=None
+    ):
+        """Run the head on the kept positions; return (loss, logits, aux_loss). `return_logits`
+        (forward argument): None lets the head decide (mixture heads return `logits=None` when
+        training with labels), True always computes logits, False skips them when labels are given."""
         hidden = slice_logits_to_keep(last_hidden, logits_to_keep) * self.config.hidden_scale
         layers = {i: slice_logits_to_keep(hidden_states[i], logits_to_keep) for i in self.head.layer_indices}
         if labels is not None:
             labels = slice_logits_to_keep(labels.unsqueeze(-1), logits_to_keep).squeeze(-1).to(hidden.device)
-        out = self.head(HeadInputs(hidden=hidden, embeddings=self.output_embedding_matrix(), layers=layers), labels)
+        inputs = HeadInputs(hidden, self.output_embedding_matrix(), layers, return_logits=return_logits)
+        out = self.head(inputs, labels)
         loss = None
         if labels is not None:
             count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE_INDEX).sum()
@@ -174,6 +179,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         use_cache=None,
         output_hidden_states=None,
         logits_to_keep: int | torch.Tensor = 0,
+        return_logits: bool | None = None,
         **kwargs,
     ) -> OutHeadsCausalLMOutput:
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
@@ -193,7 +199,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         if labels is not None:  # position t predicts token t + 1
             labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
         loss, logits, aux_loss = self._head_outputs(
-            outputs.last_hidden_state, outputs.hidden_states, labels, logits_to_keep, num_items_in_batch
+            outputs.last_hidden_state, outputs.hidden_states, labels, logits_to_keep, num_items_in_batch, return_logits
         )
         return OutHeadsCausalLMOutput(
             loss=loss,
@@ -226,6 +232,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
         use_cache=None,
         output_hidden_states=None,
         logits_to_keep: int | torch.Tensor = 0,
+        return_logits: bool | None = None,
         **kwargs,
     ) -> OutHeadsSeq2SeqLMOutput:
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
@@ -248,7 +255,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         loss, logits, aux_loss = self._head_outputs(
-            outputs.last_hidden_state, outputs.decoder_hidden_states, labels, logits_to_keep, num_items_in_batch
+            outputs.last_hidden_state, outputs.decoder_hidden_states, labels, logits_to_keep, num_items_in_batch, return_logits
         )
         return OutHeadsSeq2SeqLMOutput(
             loss=loss,

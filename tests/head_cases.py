@@ -8,4 +8,6 @@ HEAD_CASES = {
     "bilinear": {},
     "joint": {"joint_dim": 16},
     "drill": {"depth": 2},
+    "mos": {"num_components": 3, "latent_dropout": 0.1},
+    "doc": {"components": [[-1, 2], [1, 1], [0, 1]], "latent_dropout": 0.1},
 }

@@ -1,0 +1,58 @@
+"""`mos`: Mixture of Softmaxes (Yang et al. 2018, "Breaking the Softmax Bottleneck", Sec. 3.3;
+written as DOC paper Eq. 7-11 with every component on the last layer):
+
+    p(y|h) = sum_j pi_j softmax(E k_j + b)_y,  pi = softmax(W_pi h) (no bias),  k_j = tanh(W_j h + b_j)
+
+All K latents come from one `Linear(d_h, K * d)` (reference zihangdai/mos); `tied=False` gives
+the components their own `|V| x d` matrix `W` instead of `E`; `b` is shared by all components.
+
+Options (defaults):
+  - `num_components` = 15: K of the paper's language models (Efficient-MoS translation: 9;
+    3 in budget comparisons). The head costs about K times a single softmax.
+  - `latent_dim` = None (the embedding width d; must be d when `tied`).
+  - `tied` = True: reference `--tied`. `latent_activation` = "tanh" (paper); "identity" makes
+    a converted pretrained LM exact (see `MixtureHead.init_from_lm_head`).
+  - `latent_dropout` = 0.0, `dropout_kind` = "locked" (reference: LockedDropout on the
+    `(T, B, K*d)` latents, i.e. a separate mask per component shared over time steps).
+    Departure: the reference PTB rate is 0.29; a transformer backbone brings its own dropout
+    and the Efficient-MoS (Transformer) code uses none on the latents, so 0.0 by default.
+
+Departures from the reference code: mixing in log space (`logsumexp`, fp32) instead of
+`log(sum_j pi_j p_j + 1e-8)`, which floors log-probabilities at -18.4; the training loss is
+computed exactly without the `N x K x |V|` tensor (`mixture.mixture_nll`).
+
+Output: `logits` are normalised log-probabilities (`returns_log_probs`), so generate's
+softmax, temperature, top-k/top-p, beam search and the HF loss are unchanged. The
+repetition penalty (`repetition_penalty=theta`) is not: on raw scores it divides positive
+and multiplies negative scores, which depends on the scores' arbitrary offset; on
+log-probabilities (all <= 0) it always multiplies, i.e. `p_y -> p_y ** theta` before
+renormalisation, for every already generated token: confident tokens (p near 1) are barely
+penalised, unlikely ones strongly. `ExponentialDecayLengthPenalty` and
+`encoder_repetition_penalty` likewise act on log-probabilities. With labels in training mode
+the model returns `logits=None` (loss only) unless called with `return_logits=True`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .heads import HeadDims
+from .mixture import MixtureHead, MixtureOptions, check_int
+
+
+@dataclass
+class MoSOptions(MixtureOptions):
+    num_components: int = 15
+
+    def validate(self, dims: HeadDims) -> None:
+        check_int("mos", 1, num_components=self.num_components)
+        self.check_mixture("mos", dims)
+
+
+class MoSHead(MixtureHead):
+    head_type = "mos"
+    Options = MoSOptions
+    shared_dropout_mask = False
+
+    def __init__(self, options: MoSOptions, dims: HeadDims):
+        super().__init__(options, dims, [(dims.num_layers, options.num_components)])
