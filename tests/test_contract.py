@@ -1,7 +1,7 @@
 """The contract every head meets on each backbone kind: one row of tests/head_cases.py per head.
 
 Heads x {causal (Llama), seq2seq (T5)}: forward/backward, training, loss = cross-entropy of
-the logits, logits_to_keep, cached generation, save/load, Auto classes, remote code.
+the logits, bf16, logits_to_keep, cached generation, save/load, Auto classes, remote code.
 """
 
 import json
@@ -105,6 +105,19 @@ def test_training_reduces_loss(head, backbone):
     with torch.no_grad():
         after = model(**data).loss.item()
     assert after < before - 0.1, (before, after)
+
+
+@pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
+def test_bf16_forward_and_backward(head, backbone):
+    model = build(head, backbone)
+    data = batch(backbone)
+    with torch.no_grad():
+        fp32_loss = model(**data).loss
+    model.to(torch.bfloat16)
+    loss = model(**data).loss
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.head.parameters())
+    torch.testing.assert_close(loss.float(), fp32_loss, rtol=0.05, atol=0.05)
 
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
