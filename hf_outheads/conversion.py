@@ -59,6 +59,8 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
     text_config = copy.deepcopy(original.config)
     config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options)
     model = cls(config).to(dtype=weight.dtype, device=weight.device)
+    if original.config._attn_implementation:  # keep the original's attention (e.g. attn_implementation="eager")
+        model.set_attn_implementation(original.config._attn_implementation)
 
     missing, unexpected = model.backbone.load_state_dict(backbone_state_dict(original), strict=False)
     tied = set(model.backbone.all_tied_weights_keys)  # duplicates the backbone re-ties itself

@@ -88,3 +88,16 @@ def test_opt_with_projected_embeddings():
     assert converted.config.head_type == "tied"
     assert (converted.head.dims.hidden_dim, converted.head.dims.embed_dim) == (16, 16)
     assert_same_outputs(original, converted, batch("gpt2"))
+
+
+def test_from_backbone_forwards_loading_options(tmp_path):
+    """`dtype` and `attn_implementation` go to the original's from_pretrained and carry over."""
+    original = tiny_original("llama")
+    original.save_pretrained(tmp_path)
+    eager = OutHeadsForCausalLM.from_backbone(str(tmp_path), attn_implementation="eager")
+    assert eager.backbone.config._attn_implementation == "eager"
+    half = OutHeadsForCausalLM.from_backbone(str(tmp_path), dtype=torch.bfloat16).eval()
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        torch.testing.assert_close(half(**batch("llama")).loss.float(), original(**batch("llama")).loss,
+                                   rtol=0.02, atol=0.02)
