@@ -1,0 +1,181 @@
+"""The training helpers in process (fast): options, tokenizers, data errors, the built-in
+corpus, metric modules, the model card, publishing with a faked Hub, the comparison script."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from datasets import Dataset, DatasetDict
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
+from transformers import GPT2Config
+
+from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM
+from training import data as data_lib
+from training import compare_heads
+from training.evaluation import generation_scores
+from training.options import FIELDS, TrainOptions, parse_options
+from training.publish import push_to_hub, render_card
+from training.stdlib_corpus import SAFE_MODULES, build_records, build_records_isolated
+from training.tokenization import train_tokenizer
+
+TEXTS = [r["text"] for r in build_records("text")["train"][:400]]
+
+
+def test_every_option_has_help_and_unknown_keys_list_the_valid_ones(tmp_path):
+    assert all(f.metadata["help"] for f in FIELDS.values())
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"task": "causal_lm", "lerning_rate": 0.1}))
+    with pytest.raises(ValueError, match=r"Unknown option\(s\) \['lerning_rate'\].*Valid options: task, "):
+        parse_options(["--config", str(config)])
+    with pytest.raises(SystemExit, match=r"Unknown option\(s\) \['--max_step'\].*max_steps"):
+        parse_options(["--max_step", "3"])
+    with pytest.raises(ValueError, match=r"task='lm' is not one of"):
+        parse_options(["--task", "lm"])
+
+
+def test_yaml_values_are_overridden_by_typed_command_line_values(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"max_steps": 5, "head_type": "bilinear", "learning_rate": 0.1}))
+    options = parse_options(["--config", str(config), "--max_steps", "7", "--head_options", "{depth: 3}",
+                             "--gradient_checkpointing", "true", "--sample_prompt", "123"])
+    assert (options.max_steps, options.head_type, options.learning_rate) == (7, "bilinear", 0.1)
+    assert options.head_options == {"depth": 3} and options.gradient_checkpointing is True
+    assert options.sample_prompt == "123"  # string options stay strings
+
+
+@pytest.mark.parametrize("vocab_size", [300, 700])
+def test_bpe_tokenizer_has_the_requested_size_and_round_trips(vocab_size):
+    tokenizer = train_tokenizer(TEXTS, "bpe", vocab_size, min_frequency=2)
+    assert len(tokenizer) == vocab_size
+    text = "os.path.join(a, *p)\n  Join two paths — ünïcode ✓ 0x1F"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.eos_token == "</s>" and tokenizer.pad_token_id is not None
+
+
+def test_wordlevel_tokenizer_has_the_requested_size_and_round_trips_known_words():
+    tokenizer = train_tokenizer(TEXTS, "wordlevel", 200, min_frequency=1)
+    assert len(tokenizer) == 200
+    text = "Return the value of the"
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+    rare = tokenizer("zyzzyva", add_special_tokens=False)["input_ids"]
+    assert rare == [tokenizer.unk_token_id]
+
+
+def test_bpe_asks_for_more_codes_than_the_text_supports_is_an_error():
+    with pytest.raises(ValueError, match="fewer than the requested"):
+        train_tokenizer(["tiny text"] * 3, "bpe", 5000)
+
+
+def options(**values):
+    return TrainOptions(**values)
+
+
+def test_missing_column_and_empty_split_are_clear_errors():
+    raw = DatasetDict({"train": Dataset.from_dict({"content": ["a b c"] * 4}),
+                       "validation": Dataset.from_dict({"content": []})})
+    opts = options(text_column="text", validation_split="test")
+    train, validation = data_lib.select_splits(raw, opts)  # no 'test' split: 5% of train held out
+    assert len(train) + len(validation) == 4
+    with pytest.raises(ValueError, match=r"Column\(s\) \['text'\] not found; the dataset has \['content'\]"):
+        data_lib.causal_lm_dataset(train, None, opts)
+    with pytest.raises(ValueError, match="Split 'validation' is empty"):
+        data_lib.select_splits(raw, options(text_column="content"))
+    with pytest.raises(ValueError, match="no split 'training'"):
+        data_lib.select_splits(raw, options(train_split="training"))
+    pairs = Dataset.from_dict({"translation": [{"de": "hallo", "en": "hello"}]})
+    with pytest.raises(ValueError, match=r"\['source', 'target'\] not found"):
+        data_lib.seq2seq_dataset(pairs, None, options(task="seq2seq"))
+
+
+def test_causal_lm_blocks_and_seq2seq_pairs_from_local_files(tmp_path):
+    tokenizer = train_tokenizer(TEXTS, "bpe", 300)
+    (tmp_path / "train.txt").write_text("\n".join(TEXTS[:50]))
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps({"translation": {"de": "Hallo Welt", "en": "Hello world"}}) + "\n" for _ in range(3)))
+    raw = data_lib.load_raw(options(data_files={"train": str(tmp_path / "train.txt")}))
+    blocks = data_lib.causal_lm_dataset(raw["train"], tokenizer, options(block_size=16))
+    assert len(blocks) > 10 and all(len(ids) == 16 for ids in blocks["input_ids"]) and blocks["labels"] == blocks["input_ids"]
+    pairs = data_lib.load_raw(options(data_files={"train": str(tmp_path / "pairs.jsonl")}))["train"]
+    encoded = data_lib.seq2seq_dataset(pairs, tokenizer, options(task="seq2seq", source_lang="de", target_lang="en",
+                                                                 source_prefix="translate: "))
+    assert tokenizer.decode(encoded[0]["input_ids"], skip_special_tokens=True) == "translate: Hallo Welt"
+    assert encoded[0]["labels"][-1] == tokenizer.eos_token_id
+
+
+def test_stdlib_corpus_is_deterministic_and_imports_only_safe_modules():
+    assert not {"turtle", "tkinter", "idlelib", "antigravity", "this", "webbrowser"} & set(SAFE_MODULES)
+    first, again = build_records_isolated("summary"), build_records_isolated("summary")
+    assert first == again and len(first["train"]) > 1000 and len(first["validation"]) > 100
+    sources = {r["source"] for r in first["train"]}
+    assert not sources & {r["source"] for r in first["validation"]}
+    assert all(" at 0x" not in r["source"] for r in first["train"])  # no memory addresses in signatures
+
+
+def test_metric_modules_load_offline():
+    scores = generation_scores(["sacrebleu", "chrf", "rouge"], ["the cat sat on the mat"], ["the cat sat on the mat"])
+    assert scores["eval_sacrebleu"] == pytest.approx(100.0) and scores["eval_chrf"] == pytest.approx(100.0)
+    assert scores["eval_rouge1"] == pytest.approx(1.0)
+
+
+def tiny_model(tmp_path):
+    config = OutHeadsConfig(text_config=GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=300, n_positions=32),
+                            head_type="bilinear")
+    tokenizer = train_tokenizer(TEXTS, "bpe", 300)
+    return OutHeadsForCausalLM(config), tokenizer
+
+
+def test_card_renders_offline_with_model_index_and_bibtex(tmp_path):
+    model, tokenizer = tiny_model(tmp_path)
+    opts = options(model_preset="gpt2-tiny", head_type="bilinear", dataset_name="wikitext", dataset_config="wikitext-2-raw-v1")
+    results = {"eval_perplexity": 123.456789, "eval_loss": 4.8, "parameters": 10, "head_parameters": 2,
+               "eval_examples": 3, "eval_tokens": 30, "sample": "Return the"}
+    card = render_card(model, tokenizer, opts, results, tmp_path)
+    card.save(tmp_path / "README.md")
+    parsed = ModelCard.load(tmp_path / "README.md")
+    assert parsed.data.datasets == ["wikitext"] and parsed.data.eval_results[0].metric_value == pytest.approx(123.4568)
+    assert "gulordava-etal-2018-colorless" in parsed.text and "AutoModelForCausalLM" in parsed.text
+
+
+def test_push_to_hub_uploads_the_card_after_the_model(tmp_path, monkeypatch):
+    model, tokenizer = tiny_model(tmp_path)
+    (tmp_path / "README.md").write_text("---\nlicense: apache-2.0\n---\n# our card\n")
+    commits = []
+
+    def create_commit(self, repo_id, operations, commit_message=None, **kwargs):
+        files = {}
+        for op in operations:
+            if isinstance(op, CommitOperationAdd):
+                source = op.path_or_fileobj
+                files[op.path_in_repo] = Path(source).read_bytes() if isinstance(source, (str, Path)) else bytes(source.read() if hasattr(source, "read") else source)
+        commits.append(files)
+        return SimpleNamespace(oid="0" * 40, commit_url="", pr_url=None, repo_url=SimpleNamespace(repo_id=repo_id))
+
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token_for_offline_test")
+    push_to_hub(model, tokenizer, tmp_path, "someone/tiny", private=False)
+    uploaded = [name for files in commits for name in files]
+    assert "model.safetensors" in uploaded and "tokenizer.json" in uploaded
+    last_readme = max(i for i, files in enumerate(commits) if "README.md" in files)
+    assert commits[last_readme]["README.md"] == (tmp_path / "README.md").read_bytes()
+    assert last_readme > max(i for i, files in enumerate(commits) if "model.safetensors" in files)
+
+
+def test_comparison_rejects_unregistered_heads_before_training(tmp_path):
+    with pytest.raises(SystemExit, match=r"\['no_such_head'\] are not registered.*Registered heads: \["):
+        compare_heads.main(["--heads", "tied,no_such_head", "--output_dir", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+
+
+def test_comparison_table_has_a_row_per_head():
+    rows = [{"head": "tied", "eval_perplexity": 50.0, "parameters": 1000, "head_parameters": 10, "train_step_time_s": 0.1},
+            {"head": "bilinear", "eval_perplexity": 45.0, "parameters": 1100, "head_parameters": 110, "train_step_time_s": 0.12},
+            {"head": "broken", "error": "ValueError: bad option"}]
+    table = compare_heads.markdown_table(rows, "tied")
+    assert "| bilinear | 45.00 |  |  | 1,100 | 110 | 0.120 | 1.20x |" not in table  # BLEU columns only when present
+    assert "| bilinear | 45.00 | 1,100 | 110 | 0.120 | 1.20x |" in table and "| broken | failed: ValueError" in table
+    assert set(HEAD_CLASSES) >= {"tied", "linear", "bilinear"}

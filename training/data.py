@@ -1,0 +1,146 @@
+"""Datasets for training: load (Hub, local files, built-in stdlib corpus, streaming),
+check columns and splits, tokenise with `map(batched=True)`, group causal-LM text into blocks."""
+
+from __future__ import annotations
+
+import os
+from itertools import chain
+
+from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
+
+from .stdlib_corpus import load_stdlib_dataset
+
+BUILTIN = "stdlib_docstrings"
+FILE_FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+
+
+def _file_format(data_files: dict) -> str:
+    formats = {FILE_FORMATS.get(os.path.splitext(str(path))[1]) for paths in data_files.values()
+               for path in (paths if isinstance(paths, list) else [paths])}
+    if None in formats or len(formats) != 1:
+        raise ValueError(f"data_files must all be one of {sorted(FILE_FORMATS)} files, got {data_files}.")
+    return formats.pop()
+
+
+def load_raw(options):
+    """The dataset splits named by the options, before tokenisation."""
+    if options.dataset_name == BUILTIN:
+        raw = load_stdlib_dataset(options.dataset_config or ("text" if options.task == "causal_lm" else "summary"))
+        return raw.to_iterable_dataset() if options.streaming else raw
+    if options.data_files:
+        return load_dataset(_file_format(options.data_files), data_files=options.data_files, streaming=options.streaming)
+    if options.dataset_name:
+        return load_dataset(options.dataset_name, options.dataset_config, streaming=options.streaming)
+    raise ValueError("Set dataset_name (a Hub dataset or 'stdlib_docstrings') or data_files.")
+
+
+def _to_iterable(splits):
+    return IterableDatasetDict({name: split.to_iterable_dataset() for name, split in splits.items()})
+
+
+def select_splits(raw, options) -> tuple:
+    """(train, validation); hold out validation_percent of train if there is no validation split."""
+    if options.train_split not in raw:
+        raise ValueError(f"The dataset has no split '{options.train_split}'; it has {list(raw)}.")
+    train = raw[options.train_split]
+    if options.validation_split in raw:
+        validation = raw[options.validation_split]
+    elif isinstance(train, IterableDataset):
+        raise ValueError(f"No split '{options.validation_split}' (splits: {list(raw)}); streaming cannot hold one out.")
+    else:
+        held = train.train_test_split(test_size=options.validation_percent / 100, seed=options.seed, shuffle=True)
+        train, validation = held["train"], held["test"]
+    if options.max_train_samples is not None:
+        train = train.take(options.max_train_samples) if isinstance(train, IterableDataset) else train.select(range(min(options.max_train_samples, len(train))))
+    if options.max_eval_samples is not None:
+        validation = validation.take(options.max_eval_samples) if isinstance(validation, IterableDataset) else validation.select(range(min(options.max_eval_samples, len(validation))))
+    for name, split in ((options.train_split, train), (options.validation_split, validation)):
+        if isinstance(split, Dataset) and len(split) == 0:
+            raise ValueError(f"Split '{name}' is empty.")
+    return train, validation
+
+
+def require_columns(split, columns: list[str]) -> None:
+    available = split.column_names
+    if available is None:  # streaming without features: peek at the first example
+        first = next(iter(split), None)
+        if first is None:
+            raise ValueError("The streamed split is empty.")
+        available = list(first)
+    missing = [column for column in columns if column not in available]
+    if missing:
+        raise ValueError(f"Column(s) {missing} not found; the dataset has {available}. Set text_column / "
+                         "source_column / target_column (or source_lang / target_lang for translation data).")
+
+
+def training_texts(split, options):
+    """Texts a tokenizer is trained on: the causal-LM text, or both seq2seq sides."""
+    for example in split:
+        if options.task == "causal_lm":
+            yield example[options.text_column]
+        else:
+            yield from _source_target(example, options)
+
+
+def _source_target(example, options) -> tuple[str, str]:
+    if options.source_lang:
+        pair = example["translation"]
+        return options.source_prefix + pair[options.source_lang], pair[options.target_lang]
+    return options.source_prefix + example[options.source_column], example[options.target_column]
+
+
+def _with_eos(ids: list[int], eos: int | None) -> list[int]:
+    return ids + [eos] if eos is not None and (not ids or ids[-1] != eos) else ids
+
+
+def _map(split, function, options, remove_columns):
+    kwargs = dict(batched=True, remove_columns=remove_columns)
+    if isinstance(split, Dataset):
+        kwargs.update(num_proc=options.preprocessing_num_workers, desc="Tokenising")
+    return split.map(function, **kwargs)
+
+
+def causal_lm_dataset(split, tokenizer, options):
+    """Documents tokenised, each ended by eos, concatenated and cut into `block_size` blocks
+    (the remainder dropped); labels are the inputs (the model shifts them)."""
+    require_columns(split, [options.text_column])
+    block, eos = options.block_size, tokenizer.eos_token_id
+
+    def tokenise_and_group(batch):
+        ids = [_with_eos(i, eos) for i in tokenizer(batch[options.text_column], add_special_tokens=False)["input_ids"]]
+        stream = list(chain.from_iterable(ids))
+        blocks = [stream[i:i + block] for i in range(0, len(stream) - block + 1, block)]
+        return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+
+    return _map(split, tokenise_and_group, options, _columns(split))
+
+
+def seq2seq_dataset(split, tokenizer, options):
+    """Source ids (truncated to max_source_length) and target ids as labels, both ended by eos."""
+    require_columns(split, ["translation"] if options.source_lang else [options.source_column, options.target_column])
+    eos = tokenizer.eos_token_id
+
+    def tokenise(batch):
+        pairs = [_source_target(dict(zip(batch, values)), options) for values in zip(*batch.values())]
+        sources = tokenizer([s for s, _ in pairs], add_special_tokens=False)["input_ids"]
+        targets = tokenizer([t for _, t in pairs], add_special_tokens=False)["input_ids"]
+        return {"input_ids": [_with_eos(s[: options.max_source_length - 1], eos) for s in sources],
+                "labels": [_with_eos(t[: options.max_target_length - 1], eos) for t in targets]}
+
+    return _map(split, tokenise, options, _columns(split))
+
+
+def _columns(split):
+    if split.column_names is not None:
+        return split.column_names
+    return list(next(iter(split)))
+
+
+def tokenised_splits(train, validation, tokenizer, options):
+    build = causal_lm_dataset if options.task == "causal_lm" else seq2seq_dataset
+    train, validation = build(train, tokenizer, options), build(validation, tokenizer, options)
+    for name, split in (("training", train), ("validation", validation)):
+        if isinstance(split, Dataset) and len(split) == 0:
+            raise ValueError(f"The {name} split has no example after tokenisation"
+                             + (f" (fewer than block_size={options.block_size} tokens)." if options.task == "causal_lm" else "."))
+    return train, validation

@@ -1,0 +1,105 @@
+"""Evaluation across processes: perplexity from token NLL, and generation metrics.
+
+Perplexity is `exp(sum of token NLL / number of tokens)` over the whole validation split.
+Each process sums per example; `gather_for_metrics` drops the samples accelerate repeats
+to even out the last batch, so every example counts exactly once. The head's auxiliary
+loss (DOC's regulariser) is a training term, not part of the likelihood: it is left out
+by scoring the logits directly.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+METRICS_DIR = Path(__file__).resolve().parent / "metrics"
+IGNORE_INDEX = -100
+# metric module -> the result keys reported (as `eval_<key>`; `score` becomes the module name)
+METRIC_KEYS = {"sacrebleu": ("score",), "chrf": ("score",), "rouge": ("rouge1", "rouge2", "rougeL", "rougeLsum")}
+
+
+def load_metric(name: str):
+    """An `evaluate` module shipped in training/metrics (offline)."""
+    import evaluate
+
+    if name not in METRIC_KEYS:
+        raise ValueError(f"Unknown generation metric {name!r}. Valid metrics: {sorted(METRIC_KEYS)}.")
+    return evaluate.load(str(METRICS_DIR / name))
+
+
+def example_nll(model, batch, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed NLL, number of scored tokens) per example of the batch."""
+    labels = batch["labels"]
+    if task == "causal_lm":
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[:, :-1]
+        labels = labels[:, 1:]
+    else:
+        decoder_input_ids = unwrap(model).prepare_decoder_input_ids_from_labels(labels)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       decoder_input_ids=decoder_input_ids).logits
+    nll = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
+    return nll.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1)
+
+
+def unwrap(model):
+    return model.module if hasattr(model, "module") else model
+
+
+@torch.no_grad()
+def evaluate_perplexity(accelerator, model, dataloader, task: str) -> dict:
+    model.eval()
+    nll_sum, tokens, examples = 0.0, 0, 0
+    for batch in dataloader:
+        nll, count = accelerator.gather_for_metrics(example_nll(model, batch, task))
+        nll_sum += nll.double().sum().item()
+        tokens += int(count.sum())
+        examples += len(count)
+    model.train()
+    loss = nll_sum / max(tokens, 1)
+    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": tokens, "eval_examples": examples}
+
+
+@torch.no_grad()
+def generate_texts(accelerator, model, dataloader, tokenizer, options) -> tuple[list[str], list[str], list[str]]:
+    """(sources, predictions, references) decoded on every process, each example once."""
+    model.eval()
+    sources, predictions, references = [], [], []
+    pad = tokenizer.pad_token_id
+    for batch in dataloader:
+        generated = unwrap(model).generate(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=options.max_target_length,
+            num_beams=options.generation_num_beams, do_sample=False,
+        )
+        tensors = [accelerator.pad_across_processes(t, dim=1, pad_index=value) for t, value in
+                   ((batch["input_ids"], pad), (generated, pad), (batch["labels"], IGNORE_INDEX))]
+        inputs, generated, labels = accelerator.gather_for_metrics(tensors)
+        labels = labels.masked_fill(labels == IGNORE_INDEX, pad)
+        sources += tokenizer.batch_decode(inputs, skip_special_tokens=True)
+        predictions += [t.strip() for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+        references += [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+    model.train()
+    return sources, predictions, references
+
+
+def generation_scores(metric_names, predictions, references) -> dict:
+    """`eval_<metric>` results of the named modules (computed in this process only)."""
+    results = {}
+    for name in metric_names:
+        scores = load_metric(name).compute(predictions=predictions, references=[[r] for r in references])
+        for key in METRIC_KEYS[name]:
+            results[f"eval_{name if key == 'score' else key}"] = float(scores[key])
+    return results
+
+
+@torch.no_grad()
+def sample_text(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
+    """A sampled continuation of `prompt` (top-p 0.9, seeded), prompt included."""
+    model = unwrap(model).eval()
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(model.device)
+    torch.manual_seed(seed)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=True, top_p=0.9, pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(out[0], skip_special_tokens=True)

@@ -1,0 +1,85 @@
+"""Backbones for training: a named size preset trained from scratch, or a pretrained
+checkpoint converted with `from_backbone`. The head always comes from the options."""
+
+from __future__ import annotations
+
+from transformers import AutoConfig
+
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+
+# name -> (model_type, config fields). Vocabulary size and special ids come from the tokenizer.
+PRESETS = {
+    "gpt2-tiny": ("gpt2", dict(n_embd=128, n_layer=2, n_head=4, n_positions=512)),
+    "gpt2-small": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024)),  # GPT-2 small sizes
+    "llama-tiny": ("llama", dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)),
+    "llama-small": ("llama", dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
+                                  num_key_value_heads=8, max_position_embeddings=1024, tie_word_embeddings=False)),
+    "t5-tiny": ("t5", dict(d_model=128, d_ff=512, d_kv=32, num_layers=2, num_heads=4)),
+    "t5-small": ("t5", dict(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8)),  # t5-small sizes
+    "bart-tiny": ("bart", dict(d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                               decoder_attention_heads=4, encoder_ffn_dim=512, decoder_ffn_dim=512,
+                               max_position_embeddings=512)),
+    "bart-small": ("bart", dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                                decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                                max_position_embeddings=1024)),
+}
+ENCODER_DECODER_TYPES = {"t5", "bart"}
+# every backbone config field that holds a dropout probability, across the preset families
+DROPOUT_FIELDS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "attention_dropout",
+                  "dropout", "dropout_rate", "activation_dropout", "classifier_dropout")
+
+
+def model_class(task: str):
+    return OutHeadsForSeq2SeqLM if task == "seq2seq" else OutHeadsForCausalLM
+
+
+def _set_dropout(config, dropout: float | None) -> None:
+    if dropout is None:
+        return
+    for name in DROPOUT_FIELDS:
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, dropout)
+
+
+def preset_config(options, tokenizer):
+    if options.model_preset not in PRESETS:
+        raise ValueError(f"Unknown model_preset {options.model_preset!r}. Valid presets: {sorted(PRESETS)}.")
+    model_type, fields = PRESETS[options.model_preset]
+    if (model_type in ENCODER_DECODER_TYPES) != (options.task == "seq2seq"):
+        raise ValueError(f"Preset {options.model_preset} ({model_type}) does not fit task={options.task}.")
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+               eos_token_id=tokenizer.eos_token_id)
+    if options.task == "seq2seq":
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
+        ids.update(decoder_start_token_id=start, forced_eos_token_id=None, forced_bos_token_id=None)
+    return AutoConfig.for_model(model_type, **{**fields, **ids, **options.model_overrides})
+
+
+def build_model(options, tokenizer):
+    """A from-scratch preset or a converted pretrained model, with the options' head."""
+    if bool(options.model_preset) == bool(options.pretrained):
+        raise ValueError("Set exactly one of model_preset (train from scratch) and pretrained (convert a checkpoint).")
+    cls = model_class(options.task)
+    head_options = {**options.head_options_by_head.get(options.head_type, {}), **options.head_options}
+    if options.model_preset:
+        text_config = preset_config(options, tokenizer)
+        _set_dropout(text_config, options.dropout)
+        return cls(OutHeadsConfig(text_config=text_config, head_type=options.head_type, head_options=head_options))
+    config = AutoConfig.from_pretrained(options.pretrained)
+    _set_dropout(config, options.dropout)
+    for key, value in options.model_overrides.items():
+        setattr(config, key, value)
+    model = cls.from_backbone(options.pretrained, head_type=options.head_type, head_options=head_options or None,
+                              config=config)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but {options.pretrained} only {model.config.vocab_size} "
+                         "embeddings: use the pretrained model's own tokenizer (tokenizer: auto).")
+    return model
+
+
+def parameter_counts(model) -> dict[str, int]:
+    """Total trainable parameters and those of the output head alone."""
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    head = sum(p.numel() for p in model.head.parameters() if p.requires_grad)
+    return {"parameters": total, "head_parameters": head}

@@ -1,0 +1,162 @@
+"""Every training option, its default and its help text, in one dataclass.
+
+Options come from a YAML file (`--config`) and are overridden by `--key value` flags.
+An unknown key in either place is an error that lists the valid keys. Values of
+non-string options given on the command line are parsed as YAML (`--head_options
+'{k: 4}'`, `--gradient_checkpointing true`, `--generation_metrics '[sacrebleu, chrf]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+def opt(default: Any, help: str, choices: tuple | None = None):
+    factory = (lambda: type(default)(default)) if isinstance(default, (dict, list)) else None
+    metadata = {"help": help, "choices": choices}
+    return field(default_factory=factory, metadata=metadata) if factory else field(default=default, metadata=metadata)
+
+
+@dataclass
+class TrainOptions:
+    # model
+    task: str = opt("causal_lm", "What to train: a decoder-only LM or an encoder-decoder.", ("causal_lm", "seq2seq"))
+    model_preset: str | None = opt(None, "Train a backbone from scratch from a named size preset (see training/modeling.py).")
+    pretrained: str | None = opt(None, "Hub id or local path of a pretrained LM to convert with from_backbone (instead of a preset).")
+    model_overrides: dict = opt({}, "Backbone config fields to override, e.g. {n_layer: 4} (presets and pretrained).")
+    dropout: float | None = opt(None, "Set every dropout probability of the backbone to this value (0 for exact resumption).")
+    head_type: str | None = opt("tied", "Output head (a key of hf_outheads.HEAD_CLASSES); null keeps a pretrained model's head form.")
+    head_options: dict = opt({}, "The head's hyper-parameters; omitted ones take the papers' defaults.")
+    head_options_by_head: dict = opt({}, "Options per head type, {head_type: {option: value}}, used for the chosen head "
+                                     "under head_options (lets compare_heads.py run several heads from one file).")
+    # data
+    dataset_name: str | None = opt(None, "Hub dataset (e.g. wikitext, ptb_text_only, iwslt2017, wmt14) or 'stdlib_docstrings' (built in, offline).")
+    dataset_config: str | None = opt(None, "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text' or 'summary' for stdlib_docstrings.")
+    data_files: dict = opt({}, "Local files per split, e.g. {train: a.txt, validation: b.txt}; format from the extension (txt/json/jsonl/csv).")
+    streaming: bool = opt(False, "Stream the dataset instead of downloading/preparing it whole (needs max_steps).")
+    train_split: str = opt("train", "Split to train on.")
+    validation_split: str = opt("validation", "Split to evaluate on; if the dataset lacks it, validation_percent of train is held out.")
+    validation_percent: int = opt(5, "Share of the training split held out when there is no validation split.")
+    text_column: str = opt("text", "Text column for causal LM.")
+    source_column: str = opt("source", "Source column for seq2seq (ignored when source_lang is set).")
+    target_column: str = opt("target", "Target column for seq2seq (ignored when target_lang is set).")
+    source_lang: str | None = opt(None, "For translation datasets: source language key inside the 'translation' column.")
+    target_lang: str | None = opt(None, "For translation datasets: target language key inside the 'translation' column.")
+    source_prefix: str = opt("", "Text prepended to every source, e.g. 'translate German to English: ' for T5.")
+    block_size: int = opt(128, "Causal LM: tokens per training block (texts are concatenated and cut into blocks).")
+    max_source_length: int = opt(128, "Seq2seq: source tokens kept.")
+    max_target_length: int = opt(64, "Seq2seq: target tokens kept (also the generation limit).")
+    max_train_samples: int | None = opt(None, "Keep only this many training examples (after loading, before tokenising).")
+    max_eval_samples: int | None = opt(None, "Keep only this many evaluation examples.")
+    preprocessing_num_workers: int | None = opt(None, "Processes for dataset.map (not used when streaming).")
+    # tokenizer
+    tokenizer: str = opt("auto", "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path.")
+    tokenizer_vocab_size: int = opt(8000, "Vocabulary (BPE code-dictionary) size of a trained tokenizer, special tokens included.")
+    tokenizer_min_frequency: int = opt(2, "Minimum count of a merge / word for a trained tokenizer.")
+    tokenizer_lowercase: bool = opt(False, "Lowercase text in a trained tokenizer.")
+    # optimisation
+    seed: int = opt(42, "Seed for initialisation, data order and dropout.")
+    per_device_train_batch_size: int = opt(16, "Training batch size per process.")
+    per_device_eval_batch_size: int = opt(32, "Evaluation batch size per process.")
+    learning_rate: float = opt(5e-4, "Peak learning rate of AdamW.")
+    weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and norms).")
+    adam_beta1: float = opt(0.9, "AdamW beta1.")
+    adam_beta2: float = opt(0.999, "AdamW beta2.")
+    lr_scheduler_type: str = opt("linear", "Schedule after warmup (transformers.get_scheduler): linear, cosine, constant_with_warmup, ...")
+    warmup_steps: int = opt(0, "Linear warmup steps.")
+    num_train_epochs: float = opt(1.0, "Epochs to train when max_steps is not set.")
+    max_steps: int | None = opt(None, "Total optimizer steps (overrides num_train_epochs).")
+    stop_after_steps: int | None = opt(None, "Stop this run after this many optimizer steps in total, as if interrupted (for resumption tests).")
+    gradient_accumulation_steps: int = opt(1, "Micro-batches accumulated per optimizer step.")
+    max_grad_norm: float | None = opt(1.0, "Gradient clipping norm; null disables.")
+    mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
+    gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
+    # evaluation
+    eval_steps: int | None = opt(None, "Evaluate every this many optimizer steps (and always at the end).")
+    generation_metrics: list = opt([], "Generation metrics from training/metrics: sacrebleu, chrf, rouge (seq2seq).")
+    num_generation_examples: int | None = opt(None, "Evaluation examples used for generation metrics (null: all).")
+    generation_num_beams: int = opt(1, "Beams for generation-based evaluation.")
+    sample_prompt: str | None = opt(None, "Causal LM: prompt of the sample generated at the end (default: start of a validation text).")
+    sample_max_new_tokens: int = opt(40, "Causal LM: tokens of the generated sample.")
+    # logging, checkpoints, publishing
+    output_dir: str = opt("outputs/run", "Folder for the model, tokenizer, card, metrics.jsonl and checkpoints/.")
+    logging_steps: int = opt(10, "Log the training loss every this many optimizer steps.")
+    save_steps: int | None = opt(None, "Save an accelerate checkpoint every this many optimizer steps.")
+    save_total_limit: int | None = opt(2, "Checkpoints kept (oldest deleted).")
+    resume: str = opt("auto", "'auto' resumes from the latest checkpoint in output_dir/checkpoints, 'never', or a checkpoint path.")
+    report_to: str = opt("auto", "'auto' (JSONL, plus TensorBoard when installed), 'jsonl' or 'tensorboard'.", ("auto", "jsonl", "tensorboard"))
+    push_to_hub: bool = opt(False, "Publish model, tokenizer and card to the Hub at the end.")
+    hub_model_id: str | None = opt(None, "Repository for push_to_hub, e.g. user/gpt2-drill-wikitext2 (default: output_dir's name).")
+    hub_private: bool = opt(False, "Create the Hub repository as private.")
+    license: str = opt("apache-2.0", "License written in the model card.")
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainOptions)}
+STRING_FIELDS = {name for name, f in FIELDS.items() if f.type in ("str", "str | None")}
+
+
+def unknown_keys_error(keys, where: str) -> ValueError:
+    return ValueError(f"Unknown option(s) {sorted(keys)} in {where}. Valid options: {', '.join(FIELDS)}.")
+
+
+def load_yaml(path: str) -> dict:
+    with open(path) as handle:
+        values = yaml.safe_load(handle) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of option: value.")
+    unknown = set(values) - set(FIELDS)
+    if unknown:
+        raise unknown_keys_error(unknown, path)
+    return values
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    parser.add_argument("--config", help="YAML file of options; flags given here override it.")
+    for name, f in FIELDS.items():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=f"{f.metadata['help']} (default: {default!r})")
+    return parser
+
+
+def check_values(options: TrainOptions) -> TrainOptions:
+    for name, f in FIELDS.items():
+        if f.type.startswith("float") and isinstance(getattr(options, name), (str, int)):  # YAML reads 1e-3 as a string
+            try:
+                setattr(options, name, float(getattr(options, name)))
+            except ValueError:
+                raise ValueError(f"Option {name} must be a number, got {getattr(options, name)!r}.") from None
+        value, choices = getattr(options, name), f.metadata["choices"]
+        if choices and value not in choices:
+            raise ValueError(f"Option {name}={value!r} is not one of {list(choices)}.")
+        for kind in (dict, list):
+            if kind.__name__ == f.type and not isinstance(value, kind):
+                raise ValueError(f"Option {name} must be a {kind.__name__}, got {value!r}.")
+    return options
+
+
+def parse_options(argv=None, description: str = "Train an hf_outheads model.", extra=None) -> TrainOptions:
+    """Options from `--config` and `--key value` flags. `extra(parser)` may add script flags,
+    which are returned in `options.extra` (a dict)."""
+    parser = build_parser(description)
+    if extra:
+        extra(parser)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise SystemExit(str(unknown_keys_error([u for u in unknown if u.startswith("--")] or unknown, "the command line")))
+    flags = vars(args)
+    values = load_yaml(flags.pop("config")) if flags.get("config") else {}
+    flags.pop("config", None)
+    extras = {key: flags.pop(key) for key in list(flags) if key not in FIELDS}
+    for name, raw in flags.items():
+        values[name] = raw if name in STRING_FIELDS or not isinstance(raw, str) else yaml.safe_load(raw)
+        if name in STRING_FIELDS and raw in ("null", "None"):
+            values[name] = None
+    options = check_values(TrainOptions(**values))
+    options.extra = extras
+    return options

@@ -1,0 +1,167 @@
+"""The end of a run: save model, tokenizer and generation config, plot the training curve,
+render the model card from model_cards/template.md, and optionally push it all to the Hub."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+
+from .tracking import RESULTS_FILE, read_metrics
+
+CARDS_DIR = Path(__file__).resolve().parents[1] / "model_cards"
+CURVE_FILE = "training_curve.png"
+# eval key -> (model-index metric type, display name); BLEU etc. are on sacrebleu's 0-100 scale
+CARD_METRICS = {
+    "eval_perplexity": ("perplexity", "Perplexity"),
+    "eval_loss": ("loss", "Token NLL (nats)"),
+    "eval_sacrebleu": ("bleu", "BLEU (sacrebleu)"),
+    "eval_chrf": ("chrf", "chrF"),
+    "eval_rouge1": ("rouge", "ROUGE-1"),
+    "eval_rouge2": ("rouge", "ROUGE-2"),
+    "eval_rougeL": ("rouge", "ROUGE-L"),
+    "eval_rougeLsum": ("rouge", "ROUGE-Lsum"),
+}
+HYPERPARAMETERS = ("seed", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
+                   "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
+                   "mixed_precision", "block_size", "max_source_length", "max_target_length", "dropout")
+
+
+def plot_training_curve(output_dir: Path) -> Path | None:
+    """Training loss and validation perplexity against steps; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    records = read_metrics(output_dir)
+    train = [(r["step"], r["train_loss"]) for r in records if "train_loss" in r]
+    evals = [(r["step"], r["eval_perplexity"]) for r in records if "eval_perplexity" in r]
+    fig, left = plt.subplots(figsize=(6, 3.5))
+    if train:
+        left.plot(*zip(*train), label="training loss", color="tab:blue")
+    left.set_xlabel("optimizer step")
+    left.set_ylabel("training loss (nats)")
+    if evals:
+        right = left.twinx()
+        right.plot(*zip(*evals), "o-", label="validation perplexity", color="tab:red")
+        right.set_ylabel("validation perplexity")
+        right.set_yscale("log")
+    fig.legend(loc="upper right")
+    fig.tight_layout()
+    path = output_dir / CURVE_FILE
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def head_papers(head_type: str) -> dict:
+    entries = yaml.safe_load((CARDS_DIR / "papers.yaml").read_text())
+    return entries.get(head_type, {"description": f"The `{head_type}` output head.", "papers": []})
+
+
+def dataset_description(options) -> tuple[str, str]:
+    """(model-index dataset type, prose)."""
+    if options.dataset_name == "stdlib_docstrings":
+        kind = "language modelling on the docstrings" if options.task == "causal_lm" else "summarising a function's signature into its docstring's first sentence, for"
+        return "stdlib_docstrings", f"Built in: {kind} of the Python standard library (`training/stdlib_corpus.py`)."
+    if options.dataset_name:
+        config = f" (`{options.dataset_config}`)" if options.dataset_config else ""
+        return options.dataset_name, f"The Hub dataset `{options.dataset_name}`{config}, split `{options.train_split}`."
+    return "local", f"Local files: `{options.data_files}`."
+
+
+def _card_data(options, results, dataset_type) -> ModelCardData:
+    task_type = "text-generation" if options.task == "causal_lm" else "text2text-generation"
+    evals = [
+        EvalResult(task_type=task_type, dataset_type=dataset_type, dataset_name=dataset_type,
+                   dataset_config=options.dataset_config, dataset_split=options.validation_split,
+                   metric_type=metric_type, metric_name=name, metric_value=round(float(results[key]), 4))
+        for key, (metric_type, name) in CARD_METRICS.items() if key in results
+    ]
+    return ModelCardData(
+        model_name=Path(options.hub_model_id or options.output_dir).name, license=options.license,
+        library_name="transformers", pipeline_tag=task_type, base_model=options.pretrained,
+        datasets=[options.dataset_name] if options.dataset_name and options.dataset_name != "stdlib_docstrings" else None,
+        tags=["hf_outheads", f"output-head-{options.head_type}", "custom_code"], eval_results=evals,
+    )
+
+
+def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCard:
+    """The card from model_cards/template.md; no network (no validate())."""
+    dataset_type, data_prose = dataset_description(options)
+    head = head_papers(model.config.head_type)
+    text = model.config.text_config
+    backbone = options.pretrained or f"{options.model_preset} ({text.model_type}, from scratch)"
+    card_data = _card_data(options, results, dataset_type)
+    return ModelCard.from_template(
+        card_data, template_path=str(CARDS_DIR / "template.md"),
+        model_name=card_data.model_name, task_description="causal language model" if options.task == "causal_lm" else "sequence-to-sequence model",
+        backbone=backbone, head_type=model.config.head_type, head_description=head["description"], papers=head["papers"],
+        head_options_yaml=yaml.safe_dump(model.config.head_options or {}, sort_keys=True) if model.config.head_options else "{}\n",
+        backbone_description=f"`{text.model_type}` with hidden size {getattr(text, 'hidden_size', '?')} and vocabulary {text.vocab_size:,}"
+        + (f", converted from `{options.pretrained}` with `from_backbone`." if options.pretrained else ", randomly initialised."),
+        parameters=results["parameters"], head_parameters=results["head_parameters"],
+        tokenizer_description=f"{options.tokenizer} ({len(tokenizer):,} tokens)",
+        data_description=data_prose, hyperparameters={k: getattr(options, k) for k in HYPERPARAMETERS},
+        has_curve=(output_dir / CURVE_FILE).exists(), eval_split=options.validation_split,
+        eval_examples=results.get("eval_examples"), eval_tokens=results.get("eval_tokens"),
+        eval_table=[(name, f"{results[key]:.4g}") for key, (_, name) in CARD_METRICS.items() if key in results],
+        sample=results.get("sample") or (results.get("samples") or [{}])[0].get("prediction"),
+        auto_class="AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM",
+        repo_id=options.hub_model_id or str(output_dir), usage_input=_usage_input(options, results),
+    )
+
+
+def _usage_input(options, results) -> str:
+    if results.get("samples"):
+        return results["samples"][0]["source"]
+    return (results.get("sample") or "The")[:30]
+
+
+def push_to_hub(model, tokenizer, output_dir: Path, repo_id: str, private: bool) -> str:
+    """Model and tokenizer first (model.push_to_hub writes its own README.md), then the
+    plot, the results and, last, our model card over that README."""
+    api = HfApi()
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    model.push_to_hub(repo_id, commit_message="Upload model")
+    tokenizer.push_to_hub(repo_id, commit_message="Upload tokenizer")
+    for name in (CURVE_FILE, RESULTS_FILE, "README.md"):
+        if (output_dir / name).exists():
+            api.upload_file(path_or_fileobj=str(output_dir / name), path_in_repo=name, repo_id=repo_id,
+                            commit_message=f"Upload {name}")
+    return repo_id
+
+
+def finish_run(model, tokenizer, options, results) -> Path:
+    """Everything a run leaves in output_dir; prints where the card is."""
+    output_dir = Path(options.output_dir)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    plot_training_curve(output_dir)
+    card = render_card(model, tokenizer, options, results, output_dir)
+    card.save(output_dir / "README.md")
+    print(summary(options, results, output_dir))
+    if options.push_to_hub:
+        repo = push_to_hub(model, tokenizer, output_dir, options.hub_model_id or output_dir.name, options.hub_private)
+        print(f"Pushed to https://huggingface.co/{repo}")
+    return output_dir / "README.md"
+
+
+def summary(options, results, output_dir: Path) -> str:
+    lines = [f"validation perplexity: {results['eval_perplexity']:.2f} "
+             f"({results['eval_examples']} examples, {results['eval_tokens']} tokens)"]
+    for key, (_, name) in CARD_METRICS.items():
+        if key in results and key not in ("eval_perplexity", "eval_loss"):
+            lines.append(f"{name}: {results[key]:.2f}")
+    if results.get("sample"):
+        lines.append(f"sample: {results['sample']!r}")
+    for sample in results.get("samples", [])[:3]:
+        lines.append(f"source: {sample['source']!r}\n  generated: {sample['prediction']!r}\n  reference: {sample['reference']!r}")
+    lines.append(f"model card: {output_dir / 'README.md'}")
+    return "\n".join(lines)

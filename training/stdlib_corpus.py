@@ -1,0 +1,141 @@
+"""A corpus that exists on every machine: the docstrings of the Python standard library.
+
+Two tasks are built from it at run time, with no download:
+  - `text`: one record per documented module, class, function or method,
+    `"<qualified name><signature>\\n<docstring>"` (language modelling).
+  - `summary`: `target` = the docstring's first sentence; `source` = the qualified name and
+    signature followed by the rest of the docstring (summarising a documented function into
+    its summary line, as in CodeSearchNet-style docstring generation). The name, the
+    parameters and the body carry most of the summary's content words ("os.path.join(a, *p)"
+    -> "Join two or more pathname components, ..."), so a small model can learn to pick and
+    copy them within minutes, and BLEU/chrF/ROUGE measure something real.
+
+Only an allowlist of modules is imported: importing arbitrary stdlib modules can open a
+window (turtle, tkinter, idlelib), a browser (antigravity) or print (this). The walk runs
+in a fresh, isolated interpreter (`python -I`), so that neither the modules the caller has
+imported (some patch stdlib classes) nor the walk's own imports leak into the other: the
+corpus is the same for a given Python version. The split is by a hash of the record's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import re
+import subprocess
+import sys
+
+SAFE_MODULES = (
+    "abc argparse ast base64 bisect bz2 calendar cmath codecs collections colorsys configparser "
+    "contextlib copy csv dataclasses datetime decimal difflib email.message email.utils enum filecmp "
+    "fnmatch fractions ftplib functools getopt gettext glob graphlib gzip hashlib heapq hmac html "
+    "html.parser http.client http.cookies imaplib inspect io ipaddress itertools json keyword "
+    "linecache locale logging logging.handlers lzma mailbox math mimetypes numbers operator optparse "
+    "os os.path pathlib pickle pkgutil platform plistlib poplib pprint queue quopri random re reprlib "
+    "sched secrets selectors shelve shlex shutil smtplib socket socketserver sqlite3 ssl statistics "
+    "string stringprep struct subprocess sysconfig tarfile tempfile textwrap threading time timeit "
+    "token tokenize traceback types typing unittest unittest.mock urllib.parse urllib.request uuid "
+    "warnings wave weakref xml.dom.minidom xml.etree.ElementTree zipfile zlib"
+).split()
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object reprs in default values change every run
+
+
+def _doc(obj) -> str | None:
+    """The object's own docstring (not inherited), dedented; None if missing or trivial."""
+    doc = getattr(obj, "__doc__", None)
+    if not isinstance(doc, str) or len(doc.strip()) < 10:
+        return None
+    return inspect.cleandoc(doc)
+
+
+def _signature(obj) -> str:
+    try:
+        return _ADDRESS.sub("", str(inspect.signature(obj)))
+    except (TypeError, ValueError):
+        return "" if inspect.isclass(obj) else "(...)"
+
+
+def _members(module):
+    """(qualified name, object) for the module and the public classes, functions and
+    methods it defines itself, in alphabetical order."""
+    yield module.__name__, module
+    for name, obj in sorted(vars(module).items()):
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isfunction(obj) or inspect.isbuiltin(obj):
+            yield f"{module.__name__}.{name}", obj
+        elif inspect.isclass(obj):
+            yield f"{module.__name__}.{name}", obj
+            for attr, member in sorted(vars(obj).items()):
+                if not attr.startswith("_") and (inspect.isfunction(member) or inspect.isbuiltin(member)):
+                    yield f"{module.__name__}.{name}.{attr}", member
+
+
+def iter_docstrings(modules=SAFE_MODULES):
+    """Yield (qualified name, signature, docstring), each docstring once."""
+    seen = set()
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # missing optional C extension (lzma, sqlite3, ...): skip it
+            continue
+        for qualname, obj in _members(module):
+            doc = _doc(obj)
+            if doc is None or doc in seen:
+                continue
+            seen.add(doc)
+            yield qualname, ("" if inspect.ismodule(obj) else _signature(obj)), doc
+
+
+def first_sentence(doc: str) -> str:
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    return _SENTENCE_END.split(paragraph, maxsplit=1)[0]
+
+
+def _split_of(name: str, validation_percent: int) -> str:
+    bucket = int(hashlib.sha1(name.encode()).hexdigest(), 16) % 100
+    return "validation" if bucket < validation_percent else "train"
+
+
+def build_records(task: str, validation_percent: int = 10) -> dict[str, list[dict]]:
+    """{"train": [...], "validation": [...]} records for `task` ('text' or 'summary')."""
+    if task not in ("text", "summary"):
+        raise ValueError(f"Unknown stdlib_docstrings task {task!r}: use 'text' or 'summary'.")
+    splits: dict[str, list[dict]] = {"train": [], "validation": []}
+    targets = set()
+    for qualname, signature, doc in iter_docstrings():
+        if task == "text":
+            record = {"text": f"{qualname}{signature}\n{doc}"}
+        else:
+            target = first_sentence(doc)
+            if (target in targets or not 3 <= len(target.split()) <= 40 or len(signature) > 200
+                    or target.startswith(qualname.rsplit(".", 1)[-1] + "(")):
+                continue  # duplicates would leak across splits; overlong ones and signature lines are not summaries
+            targets.add(target)
+            body = " ".join(doc.split())[len(target):].strip()
+            record = {"source": f"{qualname}{signature} {body}".strip(), "target": target}
+        splits[_split_of(qualname, validation_percent)].append(record)
+    return splits
+
+
+def build_records_isolated(task: str, validation_percent: int = 10) -> dict[str, list[dict]]:
+    """`build_records` run in a fresh `python -I` interpreter."""
+    command = [sys.executable, "-I", __file__, task, str(validation_percent)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, timeout=300)
+    return json.loads(done.stdout)
+
+
+def load_stdlib_dataset(task: str, validation_percent: int = 10):
+    """The corpus as a `datasets.DatasetDict` with `train` and `validation` splits."""
+    from datasets import Dataset, DatasetDict
+
+    records = build_records_isolated(task, validation_percent)
+    return DatasetDict({split: Dataset.from_list(rows) for split, rows in records.items()})
+
+
+if __name__ == "__main__":
+    print(json.dumps(build_records(sys.argv[1], int(sys.argv[2]))))

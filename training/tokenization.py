@@ -1,0 +1,65 @@
+"""Tokenizers: a pretrained model's, or one trained on the training split with `tokenizers`.
+
+- `bpe`: byte-level BPE with a chosen code-dictionary size (vocab_size). A smaller
+  dictionary makes every softmax (and a mixture's K softmaxes) cheaper: the Efficient-MoS
+  way (Kong et al. 2019). Byte-level: every string round-trips exactly.
+- `wordlevel`: whitespace-separated words, the `vocab_size - 4` most frequent kept,
+  the rest `<unk>` (PTB-style; PTB already marks rare words).
+Both are wrapped as `PreTrainedTokenizerFast` with <pad>, <s>, </s>, <unk>, saved with the model.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+TRAINABLE = ("bpe", "wordlevel")
+
+
+def _untrained(kind: str, lowercase: bool) -> Tokenizer:
+    unk = SPECIAL_TOKENS["unk_token"]
+    if kind == "bpe":
+        tokenizer = Tokenizer(models.BPE(unk_token=None))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+    elif kind == "wordlevel":
+        tokenizer = Tokenizer(models.WordLevel(unk_token=unk))
+        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    else:
+        raise ValueError(f"Unknown tokenizer kind {kind!r}: use one of {TRAINABLE}.")
+    if lowercase:
+        tokenizer.normalizer = normalizers.Lowercase()
+    return tokenizer
+
+
+def _trainer(kind: str, vocab_size: int, min_frequency: int):
+    special = list(SPECIAL_TOKENS.values())
+    if kind == "bpe":
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        return trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special,
+                                   initial_alphabet=alphabet, show_progress=False)
+    return trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special,
+                                     show_progress=False)
+
+
+def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, min_frequency: int = 2,
+                    lowercase: bool = False) -> PreTrainedTokenizerFast:
+    """Train on an iterable of strings (or of lists of strings) and wrap for transformers."""
+    tokenizer = _untrained(kind, lowercase)
+    tokenizer.train_from_iterator(texts, trainer=_trainer(kind, vocab_size, min_frequency))
+    if kind == "bpe" and tokenizer.get_vocab_size() < vocab_size:
+        raise ValueError(
+            f"The training text only supports {tokenizer.get_vocab_size()} BPE codes, fewer than the requested "
+            f"tokenizer_vocab_size={vocab_size}: lower it or lower tokenizer_min_frequency."
+        )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
+
+
+def load_pretrained_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
+    """A Hub id or local folder; a tokenizer without a pad token gets eos as padding."""
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -1,0 +1,85 @@
+"""Run bookkeeping: the JSONL metrics log (plus TensorBoard when installed), the training
+progress saved inside every accelerate checkpoint, and finding the checkpoint to resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+RESULTS_FILE = "eval_results.json"
+
+
+@dataclass
+class Progress:
+    """Where training stands; registered with `accelerator.register_for_checkpointing`."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batches_in_epoch: int = 0  # micro-batches of the current epoch already consumed
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.epoch, self.batches_in_epoch = state["step"], state["epoch"], state["batches_in_epoch"]
+
+
+def tensorboard_available() -> bool:
+    return importlib.util.find_spec("tensorboard") is not None or importlib.util.find_spec("tensorboardX") is not None
+
+
+def trackers(report_to: str) -> list[str]:
+    """accelerate trackers to start besides the JSONL log."""
+    if report_to == "tensorboard" and not tensorboard_available():
+        raise ValueError("report_to=tensorboard, but tensorboard is not installed (pip install tensorboard).")
+    return ["tensorboard"] if report_to == "tensorboard" or (report_to == "auto" and tensorboard_available()) else []
+
+
+def checkpoint_number(path: Path) -> int:
+    match = re.fullmatch(r"checkpoint_(\d+)", path.name)
+    return int(match.group(1)) if match else -1
+
+
+def checkpoint_to_resume(output_dir: str, resume: str) -> Path | None:
+    """The latest `output_dir/checkpoints/checkpoint_<n>` for resume='auto', a given path, or None."""
+    if resume == "never":
+        return None
+    if resume != "auto":
+        if not Path(resume).is_dir():
+            raise ValueError(f"resume={resume!r} is not a checkpoint folder.")
+        return Path(resume)
+    folder = Path(output_dir) / "checkpoints"
+    found = sorted((p for p in folder.glob("checkpoint_*") if checkpoint_number(p) >= 0), key=checkpoint_number)
+    return found[-1] if found else None
+
+
+class MetricsLog:
+    """Appends one JSON object per line to output_dir/metrics.jsonl (main process only)."""
+
+    def __init__(self, accelerator, output_dir: str):
+        self.accelerator = accelerator
+        self.path = Path(output_dir) / METRICS_FILE
+
+    def truncate_after(self, step: int) -> None:
+        """On resumption, forget what an interrupted run logged after its last checkpoint."""
+        if self.accelerator.is_main_process and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, record: dict, step: int) -> None:
+        record = {"step": step, **record}
+        if self.accelerator.is_main_process:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        if self.accelerator.trackers:
+            self.accelerator.log(numbers, step=step)
+
+
+def read_metrics(output_dir) -> list[dict]:
+    path = Path(output_dir) / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
