@@ -39,15 +39,18 @@ def test_check_positive_rejects(value):
 
 
 # (head, option, invalid value): sizes of heads registered so far; a missing head is skipped
-BAD_SIZES = [("joint", "joint_dim", 0), ("joint", "joint_dim", -4), ("drill", "depth", -1)]
+BAD_SIZES = [("joint", "joint_dim", 0), ("joint", "joint_dim", -4), ("drill", "depth", -1),
+             ("mos", "num_components", 0), ("mos", "num_components", -2),
+             ("doc", "components", [[-1, 0]]), ("doc", "components", [[-1, -3]])]
 
 
-@pytest.mark.parametrize("head,option,value", BAD_SIZES)
+@pytest.mark.parametrize("head,option,value", BAD_SIZES, ids=[f"{h}-{o}-{v}" for h, o, v in BAD_SIZES])
 def test_zero_or_negative_sizes_raise(head, option, value):
     if head not in HEAD_CLASSES:
         pytest.skip(f"head '{head}' is not registered")
-    with pytest.raises(ValueError, match=option):
+    with pytest.raises(ValueError, match=f"'{option}") as error:
         OutHeadsConfig(text_config=tiny_config("gpt2"), head_type=head, head_options={option: value})
+    assert f"'{head}'" in str(error.value)
 
 
 def test_tied_needs_equal_widths():
