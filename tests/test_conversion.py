@@ -30,6 +30,9 @@ def test_converted_model_matches_original(name):
     assert converted.config.head_type == EXPECTED_HEAD[name]
     assert converted.config.text_config.model_type == original.config.model_type
     assert_same_outputs(original, converted, batch(name))
+    padded = batch(name)
+    padded["labels"][0, -2:] = -100  # ignored positions (padding) are left out of the mean
+    assert_same_outputs(original, converted, padded)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "marian"])
