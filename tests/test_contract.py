@@ -48,6 +48,11 @@ def inputs_only(backbone):
     return inputs
 
 
+def config_fields(config):
+    """Everything a config states except where it was loaded from."""
+    return {key: value for key, value in config.to_dict().items() if key != "_name_or_path"}
+
+
 def logits_of(model, inputs):
     with torch.no_grad():
         return model(**inputs).logits
@@ -141,6 +146,7 @@ def test_save_load_and_auto_classes(head, backbone, tmp_path):
     config = AutoConfig.from_pretrained(tmp_path)
     assert type(config) is OutHeadsConfig
     assert (config.head_type, config.head_options) == (head, model.config.head_options)
+    assert config_fields(config) == config_fields(model.config)
     for loader in (model_class(backbone), auto_class(backbone), AutoModel):
         reloaded = loader.from_pretrained(tmp_path).eval()
         assert type(reloaded) is model_class(backbone), loader
