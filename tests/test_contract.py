@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
@@ -179,6 +180,17 @@ print(json.dumps(results))
 """
 
 
+def broken_checkpoint(root):
+    """A saved `linear` model without `head.bias`: remote loading must refuse it too."""
+    folder = root / "missing-head-bias"
+    build("linear", "llama").save_pretrained(folder)
+    weights = load_file(folder / "model.safetensors")
+    del weights["head.bias"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    torch.save(inputs_only("llama"), folder / "inputs.pt")
+    return {"id": folder.name, "folder": str(folder), "auto": "AutoModelForCausalLM"}
+
+
 @pytest.fixture(scope="module")
 def remote_loads(tmp_path_factory):
     """Save every case, load them all with trust_remote_code in ONE fresh process."""
@@ -196,6 +208,7 @@ def remote_loads(tmp_path_factory):
         torch.save(inputs, folder / "inputs.pt")
         expected[case_id] = logits_of(model, inputs)
         cases.append({"id": case_id, "folder": str(folder), "auto": auto_class(backbone).__name__})
+    cases.append(broken_checkpoint(root))
     (root / "cases.json").write_text(json.dumps(cases))
     (root / "load.py").write_text(REMOTE_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -217,3 +230,9 @@ def test_remote_code_load_in_fresh_process(head, backbone, remote_loads):
     assert result["module"].startswith("transformers_modules.")
     assert result["class"] == result["automodel_class"] == model_class(backbone).__name__
     assert torch.equal(torch.load(root / case_id / "remote_logits.pt"), expected[case_id])
+
+
+def test_remote_code_load_refuses_missing_head_weights(remote_loads):
+    _, _, results = remote_loads
+    error = results["missing-head-bias"].get("error", "")
+    assert error.startswith("ValueError") and "head.bias" in error, results["missing-head-bias"]
