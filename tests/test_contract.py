@@ -65,7 +65,7 @@ def test_every_registered_head_has_a_case():
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_forward_backward_reaches_head(head, backbone):
-    model = build(head, backbone)
+    model = build(head, backbone).train()  # the training path (dropout; heads may skip logits)
     data = batch(backbone)
     out = model(**data)
     assert out.logits is None or out.logits.shape[-1] == model.config.vocab_size
