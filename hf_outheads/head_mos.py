@@ -27,9 +27,10 @@ repetition penalty (`repetition_penalty=theta`) is not: on raw scores it divides
 and multiplies negative scores, which depends on the scores' arbitrary offset; on
 log-probabilities (all <= 0) it always multiplies, i.e. `p_y -> p_y ** theta` before
 renormalisation, for every already generated token: confident tokens (p near 1) are barely
-penalised, unlikely ones strongly. `ExponentialDecayLengthPenalty` and
-`encoder_repetition_penalty` likewise act on log-probabilities. With labels in training mode
-the model returns `logits=None` (loss only) unless called with `return_logits=True`.
+penalised, unlikely ones strongly. `encoder_repetition_penalty=theta` likewise gives
+`p -> p ** (1 / theta)` to the source tokens, and `exponential_decay_length_penalty` adds
+`|log p_eos| (factor ** i - 1)`, i.e. `p_eos -> p_eos ** (2 - factor ** i)`. With labels in
+training mode the model returns `logits=None` (loss only) unless called with `return_logits=True`.
 """
 
 from __future__ import annotations
