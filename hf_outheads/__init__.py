@@ -4,7 +4,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
-from .heads import HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead, SoftmaxHead
+from .heads import HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead
+from .softmax import SoftmaxHead, SoftmaxOptions
 from .modeling_outheads import (
     OutHeadsCausalLMOutput,
     OutHeadsForCausalLM,
@@ -33,5 +34,6 @@ __all__ = [
     "OutHeadsSeq2SeqLMOutput",
     "OutputHead",
     "SoftmaxHead",
+    "SoftmaxOptions",
     "get_head_class",
 ]

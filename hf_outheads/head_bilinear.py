@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .heads import HeadDims, HeadOptions, SoftmaxHead
+from .heads import HeadDims, HeadOptions
+from .softmax import SoftmaxHead
 
 
 class BilinearHead(SoftmaxHead):

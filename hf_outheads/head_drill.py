@@ -33,7 +33,8 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import initialization as init
 
-from .heads import HeadDims, HeadOptions, SoftmaxHead, check_choice, check_probability
+from .heads import HeadDims, check_choice, check_probability
+from .softmax import SoftmaxHead, SoftmaxOptions
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
 SLOPE_AT_ZERO = {"sigmoid": 0.25, "relu": 1.0, "tanh": 1.0}  # act(x) ~ act(0) + slope * x
@@ -42,7 +43,7 @@ DROPOUT_POSITIONS = ("input", "output")
 
 
 @dataclass
-class DrillOptions(HeadOptions):
+class DrillOptions(SoftmaxOptions):
     """depth: k label-encoder layers (0 = `tied`); activation: sigmoid / relu / tanh;
     dropout: rate between layers; dropout_kind: "locked" (variational: one `(1, d)` mask
     shared by every vocabulary row, per layer and forward) or "standard" (fresh elementwise

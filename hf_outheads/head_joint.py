@@ -29,7 +29,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .heads import HeadDims, HeadOptions, SoftmaxHead, check_choice, check_positive
+from .heads import HeadDims, check_choice, check_positive
+from .softmax import SoftmaxHead, SoftmaxOptions
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "identity": lambda x: x}
 SLOPE_AT_ZERO = {"tanh": 1.0, "sigmoid": 0.25, "relu": 1.0, "identity": 1.0}
@@ -37,7 +38,7 @@ FORMS = ("both", "output", "context", "bilinear")
 
 
 @dataclass
-class JointOptions(HeadOptions):
+class JointOptions(SoftmaxOptions):
     """joint_dim: d_j (None: `d_h` for "both"/"output", `d` for "context"/"bilinear"; filled
     in by `validate`, so a saved config states it); activation: tanh (paper) / sigmoid /
     relu / identity; form: both / output / context / bilinear (Table 3)."""

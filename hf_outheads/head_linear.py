@@ -6,7 +6,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .heads import HeadDims, HeadOptions, SoftmaxHead
+from .heads import HeadDims, HeadOptions
+from .softmax import SoftmaxHead
 
 
 class LinearHead(SoftmaxHead):

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .heads import HeadDims, HeadOptions, SoftmaxHead
+from .heads import HeadDims
+from .softmax import SoftmaxHead, SoftmaxOptions
 
 
 def check_tied_dims(head_type: str, dims: HeadDims) -> None:
@@ -18,7 +19,7 @@ def check_tied_dims(head_type: str, dims: HeadDims) -> None:
         )
 
 
-class TiedOptions(HeadOptions):
+class TiedOptions(SoftmaxOptions):
     def validate(self, dims: HeadDims) -> None:
         check_tied_dims("tied", dims)
 
@@ -29,7 +30,7 @@ class TiedHead(SoftmaxHead):
     head_type = "tied"
     Options = TiedOptions
 
-    def __init__(self, options: HeadOptions, dims: HeadDims):
+    def __init__(self, options: SoftmaxOptions, dims: HeadDims):
         super().__init__(options, dims)
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 

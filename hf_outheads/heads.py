@@ -129,23 +129,30 @@ class OutputHead(nn.Module):
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
         raise NotImplementedError
 
+    def set_word_counts(self, counts: torch.Tensor) -> None:
+        """Training-set frequency of every word (`|V|` counts). Training pipelines call it once
+        before training, for any head; heads that use word frequencies (a unigram sampling
+        proposal, a frequency-sorted code table) override it. Default: unused."""
+        return None
+
     @torch.no_grad()
     def resize_vocab(self, new_size: int) -> None:
-        """Resize every per-word tensor (a parameter or buffer whose first dimension is the
-        vocabulary size) to `new_size` rows: old rows are kept, new rows get the mean of the
-        old ones (so new words start with average scores). Override for other layouts."""
+        """Resize every per-word tensor (a parameter or buffer of the head itself, not of its
+        sub-modules, whose first dimension is the vocabulary size) to `new_size` rows: old rows
+        are kept, new rows get the mean of the old ones (so new words start with average
+        scores). Sub-modules (projections, priors, latents) never hold per-word rows, whatever
+        their sizes. Override for other layouts."""
         old_size = self.dims.vocab_size
-        for module in self.modules():
-            for store in (module._parameters, module._buffers):
-                for name, tensor in store.items():
-                    if tensor is None or tensor.dim() == 0 or tensor.shape[0] != old_size:
-                        continue
-                    rows = tensor[:new_size]
-                    if new_size > old_size:
-                        extra = tensor.mean(0, keepdim=True).expand(new_size - old_size, *tensor.shape[1:])
-                        rows = torch.cat([tensor, extra])
-                    rows = rows.clone()
-                    store[name] = nn.Parameter(rows, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else rows
+        for store in (self._parameters, self._buffers):
+            for name, tensor in store.items():
+                if tensor is None or tensor.dim() == 0 or tensor.shape[0] != old_size:
+                    continue
+                rows = tensor[:new_size]
+                if new_size > old_size:
+                    extra = tensor.mean(0, keepdim=True).expand(new_size - old_size, *tensor.shape[1:])
+                    rows = torch.cat([tensor, extra])
+                rows = rows.clone()
+                store[name] = nn.Parameter(rows, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else rows
         self.dims = dataclasses.replace(self.dims, vocab_size=new_size)
 
 
@@ -154,23 +161,3 @@ def nll_sum_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
-
-
-class SoftmaxHead(OutputHead):
-    """A single softmax over factorised scores `s(h) = label_matrix(E) . context(h) + b`.
-
-    `label_matrix` is context-independent (the label encoder of DRILL / joint / bilinear),
-    `context` is the per-position input encoder. Subclasses define the two.
-    """
-
-    def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def context(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden
-
-    def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
-        weight = self.label_matrix(inputs.embeddings)
-        logits = F.linear(self.context(inputs.hidden), weight, self.bias)
-        nll = nll_sum_from_logits(logits, labels) if labels is not None else None
-        return HeadOutput(logits=logits, nll_sum=nll)

@@ -1,0 +1,105 @@
+"""Single-softmax heads: `p(y|h) = softmax(label_matrix(E) . context(h) + b)` (DRILL paper Eq. 1-3
+and 7; joint-embedding paper Eq. 14). Subclasses (`linear`, `tied`, `bilinear`, `joint`,
+`drill`) define the context-independent `label_matrix` and the per-position `context`.
+
+What they share, for speed and memory (shared/design/performance.md):
+  - the label matrix is computed once per forward pass, and at inference (eval mode, no
+    autograd) kept until `E` or a head parameter changes, so generate pays for it once;
+  - `training_loss="chunked"` (or the model argument `return_logits=False`): the exact loss
+    from a chunked linear cross-entropy, never holding `N x |V|` logits; no logits returned;
+  - `training_loss="sampled"`: the joint-embedding paper's sampled softmax in training
+    (`sampling.py`), full softmax for evaluation and generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .heads import HeadInputs, HeadOptions, HeadOutput, OutputHead, nll_sum_from_logits
+from .losses import linear_cross_entropy
+from .sampling import sampled_nll_sum
+
+TRAINING_LOSSES = ("full", "chunked", "sampled")
+PROPOSALS = ("uniform", "unigram")
+
+
+@dataclass
+class SoftmaxOptions(HeadOptions):
+    """training_loss: "full" (logits and cross-entropy, as transformers), "chunked" (exact
+    loss without logits) or "sampled" (candidate-set sampled softmax, training only);
+    sampled_fraction: share of the vocabulary in the candidate set (paper: 0.25; Table 4 also
+    0.05, 0.5); sampled_proposal: "uniform" (paper) or "unigram" (needs `set_word_counts`)."""
+
+    training_loss: str = "full"
+    sampled_fraction: float = 0.25
+    sampled_proposal: str = "uniform"
+
+    def __post_init__(self):
+        for name, value, choices in (("training_loss", self.training_loss, TRAINING_LOSSES),
+                                     ("sampled_proposal", self.sampled_proposal, PROPOSALS)):
+            if value not in choices:
+                raise ValueError(f"Single-softmax head option '{name}'={value!r} is not one of {list(choices)}.")
+        if not 0.0 < self.sampled_fraction <= 1.0:
+            raise ValueError(f"Head option 'sampled_fraction' must be in (0, 1], got {self.sampled_fraction!r}.")
+
+
+class SoftmaxHead(OutputHead):
+    """A single softmax over factorised scores; see the module docstring."""
+
+    Options = SoftmaxOptions
+
+    def __init__(self, options, dims):
+        super().__init__(options, dims)
+        self._label_cache: tuple | None = None
+        self._log_unigram: torch.Tensor | None = None
+
+    def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def context(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def current_label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """`label_matrix(E)`, reused at inference while every input tensor is the same object
+        with the same storage and in-place version (an optimiser step, `load_state_dict`,
+        `.to()` or a resize all change one of them, so a stale matrix is never used)."""
+        if self.training or torch.is_grad_enabled():
+            self._label_cache = None
+            return self.label_matrix(embeddings)
+        tensors = (embeddings, *self.parameters())
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        cached = self._label_cache
+        if cached is None or cached[1] != key or any(a is not b for a, b in zip(cached[0], tensors)):
+            self._label_cache = (tensors, key, self.label_matrix(embeddings))
+        return self._label_cache[2]
+
+    def set_word_counts(self, counts: torch.Tensor) -> None:
+        """Unigram proposal for `sampled_proposal="unigram"` (add-one smoothed)."""
+        self._log_unigram = torch.log(torch.as_tensor(counts, dtype=torch.float).reshape(-1) + 1.0)
+
+    def _sampled_nll(self, context, weight, labels) -> torch.Tensor:
+        log_q = None
+        if self.options.sampled_proposal == "unigram":
+            if self._log_unigram is None:
+                raise ValueError(
+                    f"Head '{self.head_type}' samples from a unigram proposal: call "
+                    "model.head.set_word_counts(counts) with the training-set word counts first."
+                )
+            log_q = self._log_unigram.to(context.device)
+        return sampled_nll_sum(context, weight, self.bias, labels, self.options.sampled_fraction, log_q)
+
+    def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
+        weight = self.current_label_matrix(inputs.embeddings)
+        context = self.context(inputs.hidden)
+        mode = self.options.training_loss if self.training else "full"
+        if inputs.return_logits is not None:
+            mode = "full" if inputs.return_logits else ("sampled" if mode == "sampled" else "chunked")
+        if labels is None or mode == "full":
+            logits = F.linear(context, weight, self.bias)
+            return HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels) if labels is not None else None)
+        if mode == "sampled":
+            return HeadOutput(nll_sum=self._sampled_nll(context, weight, labels))
+        return HeadOutput(nll_sum=linear_cross_entropy(context, weight, labels, self.bias).sum())
