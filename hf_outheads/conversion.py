@@ -80,4 +80,4 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
             type(original).__name__,
         )
     model.generation_config = copy.deepcopy(original.generation_config)
-    return model
+    return model.train(original.training)  # as the original (from_pretrained gives eval mode)

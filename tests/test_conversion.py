@@ -104,3 +104,11 @@ def test_from_backbone_forwards_loading_options(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(half(**batch("llama")).loss.float(), original(**batch("llama")).loss,
                                    rtol=0.02, atol=0.02)
+
+
+def test_converted_model_keeps_the_originals_mode(tmp_path):
+    original = tiny_original("gpt2")  # eval mode, as from_pretrained returns it
+    assert not OutHeadsForCausalLM.from_backbone(original).training
+    original.save_pretrained(tmp_path)
+    assert not OutHeadsForCausalLM.from_backbone(str(tmp_path)).training
+    assert OutHeadsForCausalLM.from_backbone(original.train()).training
