@@ -10,6 +10,7 @@ from .head_bilinear import BilinearHead
 from .head_doc import DOCHead
 from .head_drill import DrillHead
 from .head_joint import JointHead
+from .head_lightrnn import LightRNNHead
 from .head_linear import LinearHead
 from .head_mos import MoSHead
 from .head_tied import TiedHead
@@ -25,6 +26,7 @@ HEAD_CLASSES: dict[str, type[OutputHead]] = {
         DrillHead,
         MoSHead,
         DOCHead,
+        LightRNNHead,
     )
 }
 
