@@ -68,7 +68,7 @@ def seq2seq_run(tmp_path_factory):
                   data_files={"train": str(tmp / "train.jsonl"), "validation": str(tmp / "validation.jsonl")},
                   source_column="question", target_column="answer", tokenizer="wordlevel", tokenizer_vocab_size=14,
                   tokenizer_min_frequency=1, max_source_length=8, max_target_length=8, per_device_train_batch_size=4,
-                  per_device_eval_batch_size=4, max_steps=4, eval_steps=2, logging_steps=1, dropout=0.0,
+                  per_device_eval_batch_size=4, max_steps=4, eval_steps=2, save_steps=2, logging_steps=1, dropout=0.0,
                   generation_metrics=["sacrebleu", "chrf"], output_dir=str(out), report_to="jsonl")
     done = launch(config, tmp, launch_args=TWO_PROCESSES)
     return out, done.stdout

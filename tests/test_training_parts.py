@@ -41,10 +41,12 @@ def test_yaml_values_are_overridden_by_typed_command_line_values(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"max_steps": 5, "head_type": "bilinear", "learning_rate": 0.1}))
     options = parse_options(["--config", str(config), "--max_steps", "7", "--head_options", "{depth: 3}",
-                             "--gradient_checkpointing", "true", "--sample_prompt", "123"])
+                             "--gradient_checkpointing", "true", "--sample_prompt", "123", "--warmup_steps", "3",
+                             "--dropout", "1e-1"])
     assert (options.max_steps, options.head_type, options.learning_rate) == (7, "bilinear", 0.1)
     assert options.head_options == {"depth": 3} and options.gradient_checkpointing is True
     assert options.sample_prompt == "123"  # string options stay strings
+    assert options.dropout == 0.1 and options.warmup_steps == 3  # YAML reads 1e-1 as a string
 
 
 @pytest.mark.parametrize("vocab_size", [300, 700])
@@ -104,6 +106,11 @@ def test_causal_lm_blocks_and_seq2seq_pairs_from_local_files(tmp_path):
                                                                  source_prefix="translate: "))
     assert tokenizer.decode(encoded[0]["input_ids"], skip_special_tokens=True) == "translate: Hallo Welt"
     assert encoded[0]["labels"][-1] == tokenizer.eos_token_id
+
+
+def test_word_counts_count_the_predicted_tokens():
+    split = Dataset.from_dict({"input_ids": [[5, 6], [7]], "labels": [[1, 2, 2], [-100, 3]]})
+    assert data_lib.word_counts(split, 5).tolist() == [0, 1, 2, 1, 0]
 
 
 def test_stdlib_corpus_is_deterministic_and_imports_only_safe_modules():

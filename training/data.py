@@ -50,6 +50,8 @@ def select_splits(raw, options) -> tuple:
     else:
         held = train.train_test_split(test_size=options.validation_percent / 100, seed=options.seed, shuffle=True)
         train, validation = held["train"], held["test"]
+    if isinstance(train, IterableDataset):  # a streamed split can only be shuffled within a buffer
+        train = train.shuffle(seed=options.seed, buffer_size=10_000)
     if options.max_train_samples is not None:
         train = train.take(options.max_train_samples) if isinstance(train, IterableDataset) else train.select(range(min(options.max_train_samples, len(train))))
     if options.max_eval_samples is not None:
@@ -144,3 +146,16 @@ def tokenised_splits(train, validation, tokenizer, options):
             raise ValueError(f"The {name} split has no example after tokenisation"
                              + (f" (fewer than block_size={options.block_size} tokens)." if options.task == "causal_lm" else "."))
     return train, validation
+
+
+def word_counts(train, vocab_size: int, limit: int = 100_000):
+    """Training-set frequency of every token id among the predicted tokens (labels), from at
+    most `limit` examples; heads that use frequencies (sampling proposals, code tables) read it."""
+    import numpy as np
+
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    examples = train.take(limit) if isinstance(train, IterableDataset) else train.select(range(min(limit, len(train))))
+    for batch in examples.iter(batch_size=1000):
+        ids = np.fromiter(chain.from_iterable(batch["labels"]), dtype=np.int64)
+        counts += np.bincount(ids[ids >= 0], minlength=vocab_size)[:vocab_size]
+    return counts

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` importable when run as a script
 
@@ -118,54 +119,75 @@ def accelerator_for(options) -> Accelerator:
     return accelerator
 
 
-def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, eval_dl, gen_dl, tokenizer, log, progress,
-               max_steps) -> tuple[bool, list[float]]:
-    """Train until max_steps (or stop_after_steps: returns interrupted=True). Returns step times."""
+def micro_step(accelerator, model, optimizer, scheduler, batch, options):
+    """Forward and backward of one micro-batch; the optimizer steps when accumulation is complete."""
+    with accelerator.accumulate(model):
+        outputs = model(**batch)  # the loss includes the head's auxiliary loss (DOC), if any
+        accelerator.backward(outputs.loss)
+        if accelerator.sync_gradients and options.max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return outputs
+
+
+class RunningLoss:
+    """Mean training loss (and auxiliary loss, when the head has one) since the last log."""
+
+    def __init__(self, accumulation: int):
+        self.accumulation, self.loss, self.aux, self.steps, self.has_aux = accumulation, 0.0, 0.0, 0, False
+
+    def add(self, outputs) -> None:
+        self.loss += outputs.loss.item() / self.accumulation
+        if outputs.aux_loss is not None:
+            self.has_aux, self.aux = True, self.aux + outputs.aux_loss.item() / self.accumulation
+
+    def record(self, learning_rate: float) -> dict:
+        record = {"train_loss": self.loss / self.steps, "learning_rate": learning_rate}
+        if self.has_aux:
+            record["train_aux_loss"] = self.aux / self.steps
+        self.loss, self.aux, self.steps = 0.0, 0.0, 0
+        return record
+
+
+def epoch_batches(accelerator, train_dl, progress):
+    """This epoch's batches in the seeded order, minus those a resumed run already saw."""
+    if hasattr(train_dl, "set_epoch"):
+        train_dl.set_epoch(progress.epoch)
+    if progress.batches_in_epoch:
+        return accelerator.skip_first_batches(train_dl, progress.batches_in_epoch)
+    return train_dl
+
+
+def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps):
+    """Train until max_steps; returns (interrupted by stop_after_steps, seconds per optimizer step)."""
     bar = tqdm(total=max_steps, initial=progress.step, disable=not accelerator.is_local_main_process, desc="train")
-    sums, step_times, started = {"loss": 0.0, "aux_loss": 0.0, "n": 0}, [], time.perf_counter()
+    running, step_times, started = RunningLoss(options.gradient_accumulation_steps), [], time.perf_counter()
     while progress.step < max_steps:
-        if hasattr(train_dl, "set_epoch"):
-            train_dl.set_epoch(progress.epoch)
-        batches = accelerator.skip_first_batches(train_dl, progress.batches_in_epoch) if progress.batches_in_epoch else train_dl
-        for batch in batches:
-            with accelerator.accumulate(model):
-                outputs = model(**batch)
-                accelerator.backward(outputs.loss)
-                if accelerator.sync_gradients and options.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
+        for batch in epoch_batches(accelerator, train_dl, progress):
+            running.add(micro_step(accelerator, model, optimizer, scheduler, batch, options))
             progress.batches_in_epoch += 1
-            sums["loss"] += outputs.loss.item() / options.gradient_accumulation_steps
-            if outputs.aux_loss is not None:
-                sums["aux_loss"] += outputs.aux_loss.item() / options.gradient_accumulation_steps
             if not accelerator.sync_gradients:
                 continue
-            progress.step += 1
-            sums["n"] += 1
+            progress.step, running.steps = progress.step + 1, running.steps + 1
             step_times.append(time.perf_counter() - started)
             bar.update(1)
             if progress.step % options.logging_steps == 0 or progress.step == max_steps:
-                record = {"train_loss": sums["loss"] / sums["n"], "learning_rate": scheduler.get_last_lr()[0]}
-                if outputs.aux_loss is not None:
-                    record["train_aux_loss"] = sums["aux_loss"] / sums["n"]
+                record = running.record(scheduler.get_last_lr()[0])
                 log.log(record, progress.step)
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}")
-                sums = {"loss": 0.0, "aux_loss": 0.0, "n": 0}
-            if options.eval_steps and progress.step % options.eval_steps == 0 and progress.step < max_steps:
-                log.log(evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options), progress.step)
+            for every, hook in hooks:  # periodic evaluation, code-table re-assignment
+                if every and progress.step % every == 0 and progress.step < max_steps:
+                    log.log(hook(), progress.step)
             stop = options.stop_after_steps is not None and progress.step >= options.stop_after_steps
             if (options.save_steps and progress.step % options.save_steps == 0) or stop:
                 accelerator.save_state()
-            started = time.perf_counter()
-            if stop:
+            if stop or progress.step >= max_steps:
                 bar.close()
-                return True, step_times
-            if progress.step >= max_steps:
-                break
-        else:
-            progress.epoch, progress.batches_in_epoch = progress.epoch + 1, 0
+                return stop, step_times
+            started = time.perf_counter()
+        progress.epoch, progress.batches_in_epoch = progress.epoch + 1, 0
     bar.close()
     return False, step_times
 
@@ -180,7 +202,9 @@ def resume_if_any(accelerator, options) -> None:
         accelerator.print(f"Resumed from {checkpoint}")
 
 
-def training_function(options) -> dict:
+def prepare_run(options) -> SimpleNamespace:
+    """Accelerator, data, tokenizer, model, optimizer and schedule, prepared; resumed from the
+    latest checkpoint when there is one."""
     os.makedirs(options.output_dir, exist_ok=True)
     accelerator = accelerator_for(options)
     set_seed(options.seed)
@@ -190,14 +214,13 @@ def training_function(options) -> dict:
     tokenizer = get_tokenizer(accelerator, options, train_split, resuming)
     train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
     model = build_model(options, tokenizer)
+    model.head.set_word_counts(torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size)))
     if tokenizer.pad_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if options.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    counts = parameter_counts(model)
-    optimizer = make_optimizer(model, options)
-    max_steps = total_steps(options, train_dl)
-    scheduler = get_scheduler(options.lr_scheduler_type, optimizer,
+    counts, optimizer, max_steps = parameter_counts(model), make_optimizer(model, options), total_steps(options, train_dl)
+    scheduler = get_scheduler(options.lr_scheduler_type, optimizer,  # accelerate steps it once per process
                               num_warmup_steps=options.warmup_steps * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
     model, optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, eval_dl, scheduler)
@@ -209,22 +232,50 @@ def training_function(options) -> dict:
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
                  "validation_examples": n_validation, "max_steps": max_steps}, 0)
-    interrupted, step_times = train_loop(accelerator, options, model, optimizer, scheduler, train_dl, eval_dl, gen_dl,
-                                         tokenizer, log, progress, max_steps)
-    if interrupted:
-        accelerator.print(f"Stopped after step {progress.step} (stop_after_steps); run again to resume.")
-        accelerator.end_training()
-        return {"interrupted": True, "step": progress.step}
-    results = evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final=True)
-    results.update(counts, validation_examples=n_validation,
-                   train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))
+    return SimpleNamespace(**locals())
+
+
+def final_results(run, step_times) -> dict:
+    options, accelerator = run.options, run.accelerator
+    results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True)
+    results.update(run.counts, validation_examples=run.n_validation,
+                   train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
     if options.task == "causal_lm" and accelerator.is_main_process:
-        prompt = options.sample_prompt or next(iter(validation_split))[options.text_column][:40]
-        results["sample"] = sample_text(model, tokenizer, prompt, options.sample_max_new_tokens, options.seed)
-    log.log({"event": "final", **{k: v for k, v in results.items() if k not in ("samples", "sample")}}, progress.step)
+        prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
+        results["sample"] = sample_text(run.model, run.tokenizer, prompt, options.sample_max_new_tokens, options.seed)
+    return results
+
+
+def code_table_hook(accelerator, model, options) -> tuple:
+    """(interval, hook) re-assigning a learnt word-to-code table (HybridLightRNN-style heads,
+    capability `learns_code_table`); costs are summed over processes by the head. Costs
+    accumulated since the last re-assignment are not checkpointed."""
+    head = accelerator.unwrap_model(model).head
+    if not getattr(head, "learns_code_table", False):
+        return None, None
+    head.track_code_costs(True)
+    return options.code_reassign_steps or options.eval_steps, lambda: {f"code_{k}": v for k, v in head.reassign_codes().items()}
+
+
+def training_function(options) -> dict:
+    run = prepare_run(options)
+    accelerator = run.accelerator
+
+    def evaluate():
+        return evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
+
+    interrupted, step_times = train_loop(accelerator, options, run.model, run.optimizer, run.scheduler, run.train_dl,
+                                         [(options.eval_steps, evaluate), code_table_hook(accelerator, run.model, options)],
+                                         run.log, run.progress, run.max_steps)
+    if interrupted:
+        accelerator.print(f"Stopped after step {run.progress.step} (stop_after_steps); run again to resume.")
+        accelerator.end_training()
+        return {"interrupted": True, "step": run.progress.step}
+    results = final_results(run, step_times)
+    run.log.log({"event": "final", **{k: v for k, v in results.items() if k not in ("samples", "sample")}}, run.progress.step)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        finish_run(accelerator.unwrap_model(model), tokenizer, options, results)
+        finish_run(accelerator.unwrap_model(run.model), run.tokenizer, options, results)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return results
