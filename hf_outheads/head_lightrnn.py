@@ -1,6 +1,6 @@
-"""`lightrnn`: HybridLightRNN and HybridLightRNN-MoS (Kong, Xie, Dai, Hovy 2019, "An Empirical
-Study on Efficient MoS", Sec. "HybridLightRNN", "Increasing the Capacity for Frequent Words";
-LightRNN: Li et al. 2016). Every word is a code sequence of length <= 2 from a learnt table:
+"""`lightrnn`: HybridLightRNN and HybridLightRNN-MoS (Efficient MoS, Kong, Xie, Dai, Hovy 2019,
+Sec. "HybridLightRNN", "Increasing the Capacity for Frequent Words"; LightRNN: Li et al. 2016).
+Every word is a code sequence of length <= 2 from a learnt table:
 
     exclusive word w (one of the F most frequent):   p(w|h) = sum_j pi_j p_j(first = code_w | h)
     table word w in cell (r, c) of the R x C table:  p(w|h) = sum_j pi_j p_j(first = F+r | h) p_j(second = c | h, r)
@@ -13,8 +13,9 @@ mixture. `e_r` is the row's embedding, the input that conditions the column dist
 Codes that hold no word are masked (empty rows in the first softmax, empty cells in their
 row's column softmax), so `logits` are exact log-probabilities normalised over `|V|`
 (`returns_log_probs`). The training loss reads only the gold codes: per position and component,
-`F + R` first-code and `C` column scores, never `|V|`; the full distribution (generation,
-evaluation, `return_logits=True`) needs all rows, `(N, K, R, C)`, in position chunks.
+`F + R` first-code scores (chunked `losses.linear_cross_entropy`) and the gold row's `C` column
+scores, never `|V|`; the full distribution (generation, evaluation, `return_logits=True`)
+needs every row, `(N, K, R, C)`, in position chunks: about `mos`'s cost at the same K.
 
 Options (defaults): `num_components` = 1 (paper's MoS variants: 3, 9); `num_exclusive` (F) =
 min(4096, |V| // 4); `num_columns` (C) = ceil(sqrt(|V| - F)); `num_rows` (R) = ceil((|V| - F) / C);
@@ -33,6 +34,7 @@ the costs; call it at an interval), `accumulate_code_costs(inputs, labels)` (exp
 Costs (paper Eq. 6): `row_cost[w, r] = -sum_t log p(first = F+r | h_t)` and `col_cost[w, c] =
 -sum_t log p(second = c | h_t, first = r_w)` over the occurrences t of w, r_w its current row,
 the mixture's own conditionals (unmasked): at the current table their sum is the word's NLL.
+While tracking, the accumulators take `|V| (R + C)` fp32 (370 MB at |V| = 128K, default shape).
 No parameter belongs to a word or a cell (only to codes: rows, columns, exclusive words), so a
 re-assignment permutes no parameter: a moved word takes the scores of its new row and column,
 which the costs measured; the optimiser state stays valid.
@@ -59,9 +61,11 @@ from transformers import initialization as init
 from .code_table import (EXACT_LIMIT, TABLE_INITS, check_codes, code_masks, codes_from_counts, codes_from_grid,
                          default_codes, reassign, resize_codes, row_summaries, table_grid)
 from .heads import IGNORE_INDEX, HeadDims, HeadInputs, HeadOutput, check_choice, nll_sum_from_logits
+from .losses import linear_cross_entropy
 from .mixture import MixtureHead, MixtureOptions, check_int
 
-CHUNK_ELEMENTS = 2**24  # per position chunk of the full distribution
+CHUNK_ELEMENTS = 2**24  # per position chunk of the full distribution (and of the cost accumulation)
+MASKED = -1e30  # bias of codes that hold no word: exp underflows to exactly 0 in fp32
 
 
 @dataclass
@@ -144,38 +148,46 @@ class LightRNNHead(MixtureHead):
         flat = lambda t: None if t is None else t.reshape(-1, K, d)
         return log_prior.reshape(-1, log_prior.shape[-1]), flat(k), flat(pre), flat(mask)
 
-    def weights(self, embeddings: torch.Tensor):
-        f = self.table[0]
+    def code_params(self, embeddings: torch.Tensor):
+        """fp32 (W1, b1, E_row, W2, B2): first-code weights and bias, row embeddings, column
+        weights, and `B2 (R, C)` the column bias per row; empty codes' biases are MASKED, so
+        their probability is exactly 0 (exp underflows) and every softmax stays finite."""
+        f, r, c = self.table
         first = self.first_weight
         if self.options.tied:  # exclusive codes score with their words' input embeddings
-            words = torch.zeros(f + self.table[1] * self.table[2], dtype=torch.long, device=self.codes.device)
+            words = torch.zeros(f + r * c, dtype=torch.long, device=self.codes.device)
             words.scatter_(0, self.codes, torch.arange(self.codes.numel(), device=self.codes.device))
             first = torch.cat([embeddings[words[:f]], first])
-        return [t.float() for t in (first, self.first_bias, self.row_embedding, self.second_weight, self.second_bias)]
+        first_open, cells_open = code_masks(self.codes, f, r, c)
+        b1 = self.first_bias.float().masked_fill(~first_open, MASKED)
+        b2 = self.second_bias.float().masked_fill(~cells_open, MASKED)  # (R, C)
+        return first.float(), b1, self.row_embedding.float(), self.second_weight.float(), b2
 
     def column_latent(self, pre, row_emb, mask):
         z = pre + row_emb
         z = torch.tanh(z) if self.options.latent_activation == "tanh" else z
         return z if mask is None else z * mask
 
-    def gold(self, log_prior, k, pre, mask, labels, weights, masks):
-        """Per position: NLL of the gold word, raw first-code and gold-row column scores, rows."""
-        W1, b1, E_row, W2, b2 = weights
+    def gold(self, log_prior, k, pre, mask, labels, params):
+        """Per position: NLL of the gold word, its gold-row column scores `(n, K, C)` before
+        the bias, its row.
+        First codes through the chunked `losses.linear_cross_entropy` over the `n * K` latents
+        (as `mixture.mixture_nll`), columns of the gold row only."""
+        W1, b1, E_row, W2, b2 = params
         f, _, c = self.table
+        K = k.shape[1]
         code = self.codes[labels]
         table_word = code >= f
         cell = (code - f).clamp(min=0)
         row, col = cell // c, cell % c
         first = torch.where(table_word, f + row, code)
-        s1 = F.linear(k, W1, b1)  # (n, K, F + R)
-        s2 = F.linear(self.column_latent(pre, E_row[row].unsqueeze(1), mask), W2, b2)  # (n, K, C)
-        pick = lambda scores, mask_, index: scores.masked_fill(~mask_, -math.inf).log_softmax(-1).gather(
-            -1, index.view(-1, 1, 1).expand(-1, scores.shape[1], 1)).squeeze(-1)
-        second = torch.where(table_word.unsqueeze(1), pick(s2, masks[1][row].unsqueeze(1), col), 0)
-        logp = pick(s1, masks[0], first) + second
-        return -torch.logsumexp(log_prior + logp, -1), s1, s2, row
+        nll1 = linear_cross_entropy(k.reshape(-1, k.shape[-1]), W1, first.repeat_interleave(K), b1).view(-1, K)
+        s2 = F.linear(self.column_latent(pre, E_row[row].unsqueeze(1), mask), W2)  # (n, K, C), no bias
+        lp2 = (s2 + b2[row].unsqueeze(1)).log_softmax(-1).gather(-1, col.view(-1, 1, 1).expand(-1, K, 1)).squeeze(-1)
+        logp = torch.where(table_word.unsqueeze(1), lp2, 0) - nll1
+        return -torch.logsumexp(log_prior + logp, -1), s2, row
 
-    def log_probs(self, log_prior, k, pre, mask, weights, masks) -> torch.Tensor:
+    def log_probs(self, log_prior, k, pre, mask, params) -> torch.Tensor:
         """Full `log p(.|h)`, `(n, |V|)`, in checkpointed position chunks."""
         K, (f, r, c) = self.num_components, self.table
         per_row = K * (r * (self.latent_size + 2 * c) + 2 * (f + r * c + self.dims.vocab_size))
@@ -183,39 +195,37 @@ class LightRNNHead(MixtureHead):
         grad = torch.is_grad_enabled() and (k.requires_grad or pre.requires_grad)
         pieces = []
         for s in range(0, k.shape[0], rows):
-            args = [t if t is None else t[s : s + rows] for t in (log_prior, k, pre, mask)] + [*weights, *masks]
+            args = [t if t is None else t[s : s + rows] for t in (log_prior, k, pre, mask)] + list(params)
             pieces.append(checkpoint(self._chunk, *args, use_reentrant=False) if grad and k.shape[0] > rows
                           else self._chunk(*args))
         return torch.cat(pieces) if pieces else k.new_zeros(0, self.dims.vocab_size)
 
-    def _chunk(self, log_prior, k, pre, mask, W1, b1, E_row, W2, b2, first_mask, cell_mask):
+    def _chunk(self, log_prior, k, pre, mask, W1, b1, E_row, W2, b2):
         f = self.table[0]
-        lp1 = F.linear(k, W1, b1).masked_fill(~first_mask, -math.inf).log_softmax(-1)  # (n, K, F + R)
+        lp1 = F.linear(k, W1, b1).log_softmax(-1)  # (n, K, F + R)
         z = self.column_latent(pre.unsqueeze(-2), E_row, None if mask is None else mask.unsqueeze(-2))
-        lp2 = F.linear(z, W2, b2).masked_fill(~cell_mask, -math.inf).log_softmax(-1)  # (n, K, R, C)
+        lp2 = (F.linear(z, W2) + b2).log_softmax(-1)  # (n, K, R, C)
         per_code = torch.cat([lp1[..., :f], (lp1[..., f:, None] + lp2).flatten(-2)], -1)
         return torch.logsumexp(per_code.index_select(-1, self.codes) + log_prior.unsqueeze(-1), dim=-2)
 
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
         """As `mos`: without labels `logits` = log p; with labels in training mode the loss
         from the gold codes only (`logits=None`) unless `inputs.return_logits`; otherwise both."""
-        states = self.code_states(inputs)
-        weights, masks = self.weights(inputs.embeddings), code_masks(self.codes, *self.table)
+        states, params = self.code_states(inputs), self.code_params(inputs.embeddings)
         want_logits = inputs.return_logits
         if want_logits is None:
             want_logits = not (self.training and labels is not None)
         if labels is None or want_logits:
-            lead = inputs.hidden.shape[:-1]
-            logits = self.log_probs(*states, weights, masks).reshape(*lead, -1)
+            logits = self.log_probs(*states, params).reshape(*inputs.hidden.shape[:-1], -1)
             if labels is not None and self.training and self.tracking_code_costs:
                 self.accumulate_code_costs(inputs, labels)
             nll = nll_sum_from_logits(logits, labels) if labels is not None else None
             return HeadOutput(logits=logits, nll_sum=nll)
         keep = labels.reshape(-1) != IGNORE_INDEX
-        states = [t if t is None else t[keep] for t in states]
-        nll, s1, s2, row = self.gold(*states, labels.reshape(-1)[keep], weights, masks)
+        states, labels = [t if t is None else t[keep] for t in states], labels.reshape(-1)[keep]
+        nll, s2, row = self.gold(*states, labels, params)
         if self.tracking_code_costs:
-            self._add_costs(states[0].detach(), s1.detach(), s2.detach(), labels.reshape(-1)[keep], row)
+            self._add_costs(states[0].detach(), states[1].detach(), s2.detach(), labels, row, params)
         return HeadOutput(logits=None, nll_sum=nll.sum())
 
     # ----- learning the table (capability `learns_code_table`) -----
@@ -227,27 +237,30 @@ class LightRNNHead(MixtureHead):
     def accumulate_code_costs(self, inputs: HeadInputs, labels: torch.Tensor) -> None:
         """Add the row and column costs of this batch's table words (labels aligned with `inputs.hidden`)."""
         keep = labels.reshape(-1) != IGNORE_INDEX
-        states = [t if t is None else t[keep] for t in self.code_states(inputs)]
-        weights, masks = self.weights(inputs.embeddings), code_masks(self.codes, *self.table)
-        _, s1, s2, row = self.gold(*states, labels.reshape(-1)[keep], weights, masks)
-        self._add_costs(states[0], s1, s2, labels.reshape(-1)[keep], row)
+        states, params = [t if t is None else t[keep] for t in self.code_states(inputs)], self.code_params(inputs.embeddings)
+        _, s2, row = self.gold(*states, labels.reshape(-1)[keep], params)
+        self._add_costs(states[0], states[1], s2, labels.reshape(-1)[keep], row, params)
 
     @torch.no_grad()
-    def _add_costs(self, log_prior, s1, s2, labels, row) -> None:
-        f = self.table[0]
+    def _add_costs(self, log_prior, k, s2, labels, row, params) -> None:
+        """Unmasked conditionals (an empty row or cell may receive words): `-log p(first = F+r)`
+        for every row, `-log p(second = c | first = current row)` for every column."""
+        (f, r, c), W1, b1 = self.table, params[0], self.first_bias.float()
         if self._costs is None:
-            V, (_, r, c) = self.dims.vocab_size, self.table
-            self._costs = [torch.zeros(V, r, device=s1.device), torch.zeros(V, c, device=s1.device), 0]
+            self._costs = [torch.zeros(self.dims.vocab_size, r, device=k.device),
+                           torch.zeros(self.dims.vocab_size, c, device=k.device), 0]
         table_word = self.codes[labels] >= f
-        lp1 = s1.float().log_softmax(-1)
-        joint = log_prior.unsqueeze(-1) + lp1[..., f:]  # (n, K, R): log pi_j p_j(row)
-        posterior = joint.gather(-1, row.view(-1, 1, 1).expand(-1, joint.shape[1], 1)).squeeze(-1)
-        posterior = posterior - posterior.logsumexp(-1, keepdim=True)  # component weights given the current row
-        col = torch.logsumexp(posterior.unsqueeze(-1) + s2.float().log_softmax(-1), 1)
-        words = labels[table_word]
-        self._costs[0].index_add_(0, words, -joint.logsumexp(1)[table_word])
-        self._costs[1].index_add_(0, words, -col[table_word])
-        self._costs[2] += int(words.numel())
+        log_prior, k, s2, labels, row = (t[table_word] for t in (log_prior, k, s2, labels, row))
+        step = max(1, CHUNK_ELEMENTS // (k.shape[1] * (f + r)))
+        for s in range(0, k.shape[0], step):
+            part = slice(s, s + step)
+            joint = F.linear(k[part], W1, b1).log_softmax(-1)[..., f:] + log_prior[part].unsqueeze(-1)  # log pi_j p_j(r)
+            posterior = joint.gather(-1, row[part].view(-1, 1, 1).expand(-1, joint.shape[1], 1)).squeeze(-1)
+            posterior = posterior - posterior.logsumexp(-1, keepdim=True)  # components given the current row
+            col = torch.logsumexp(posterior.unsqueeze(-1) + (s2[part] + self.second_bias.float()).log_softmax(-1), 1)
+            self._costs[0].index_add_(0, labels[part], -joint.logsumexp(1))
+            self._costs[1].index_add_(0, labels[part], -col)
+        self._costs[2] += int(labels.numel())
 
     @torch.no_grad()
     def reassign_codes(self, method: str = "auto", exact_limit: int = EXACT_LIMIT, max_sweeps: int = 8) -> dict:

@@ -244,3 +244,29 @@ def test_conversion_from_a_pretrained_lm_starts_close():
     exclusive = model.head.codes < 8  # exclusive words keep the original's odds against each other
     diff = (ours - theirs)[..., exclusive]
     torch.testing.assert_close(diff - diff[..., :1], torch.zeros_like(diff), atol=1e-3, rtol=0)
+
+
+def test_training_loss_never_builds_a_tensor_per_position_and_word():
+    """Gold-code loss at |V| = 1M: no op output (forward or backward) is N x |V|; only O(|V|)
+    work per batch (the table's masks). (Tracking costs adds `|V| x (R + C)` accumulators.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    Largest.largest = max(Largest.largest, t.numel())
+            return out
+
+    V, n = 1_000_000, 64
+    big = head(dims=HeadDims(V, 32, 32, 2), num_exclusive=None, num_rows=None, num_columns=None, num_components=3)
+    big.train()
+    x = HeadInputs(torch.randn(n, 32, requires_grad=True), torch.randn(1, 32))
+    with Largest():
+        out = big(x, torch.randint(0, V, (n,)))
+        out.nll_sum.backward()
+    assert out.logits is None and torch.isfinite(out.nll_sum)
+    assert Largest.largest <= 2 * V < n * V
