@@ -224,7 +224,7 @@ class LightRNNHead(MixtureHead):
         keep = labels.reshape(-1) != IGNORE_INDEX
         states, labels = [t if t is None else t[keep] for t in states], labels.reshape(-1)[keep]
         nll, s2, row = self.gold(*states, labels, params)
-        if self.tracking_code_costs:
+        if self.training and self.tracking_code_costs:  # never from evaluation data
             self._add_costs(states[0].detach(), states[1].detach(), s2.detach(), labels, row, params)
         return HeadOutput(logits=None, nll_sum=nll.sum())
 

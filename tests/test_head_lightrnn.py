@@ -212,8 +212,12 @@ def test_seq2seq_generates_and_costs_are_tracked_only_when_asked():
     assert model.head._costs is None
     model.head.track_code_costs(True)
     model(**batch("t5")).loss.backward()
-    assert model.head._costs[2] > 0
+    tokens = model.head._costs[2]
+    assert tokens > 0
     model.eval()
+    with torch.no_grad():  # evaluation never feeds the table's costs, whichever path it takes
+        assert model(**batch("t5"), return_logits=False).logits is None and model(**batch("t5")).logits is not None
+    assert model.head._costs[2] == tokens
     out = model.generate(batch("t5")["input_ids"], max_new_tokens=3, num_beams=2, do_sample=False)
     assert out.shape[0] == 2
 
