@@ -1,0 +1,174 @@
+"""Training-step time, step memory and generation speed of every head, as ratios to `tied`.
+
+Each (head, |V|, N) case runs in a fresh subprocess (so peak memory is that case's own),
+on one small Llama-style backbone (d = d_h = 256, 2 layers, sequences of 512 tokens);
+figures are medians over `--reps` repetitions, measured side by side in one run.
+
+    python benchmarks/bench_heads.py                      # |V| = 32K, N = 1K, every head
+    python benchmarks/bench_heads.py --vocab 32000,50257,128000 --positions 1024,4096
+
+Columns: `step` = one AdamW training step (forward with labels, backward, update);
+`step mem` = peak RSS during the step above the RSS before it (large allocations are
+forced to mmap so freed memory leaves RSS); `peak RSS` = the process's absolute peak;
+`gen tok/s` = greedy generation with KV cache, batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HEAD_OPTIONS = {  # the settings the performance targets name (shared/design/performance.md)
+    "tied": {},
+    "linear": {},
+    "bilinear": {},
+    "joint": {},  # joint_dim = d_h
+    "drill": {"depth": 2},
+    "mos": {"num_components": 15},
+    "doc": {"components": [[-1, 10], [-2, 5]]},  # J = 15, as mos
+    "mos-reference": {"num_components": 15},
+    "mos-k3": {"num_components": 3},  # the Efficient-MoS paper's comparison point (Table 3: K = 3)
+    "lightrnn": {"num_components": 1},  # HybridLightRNN, default table (F = 4096, ~168 x 168 at 32K)
+    "lightrnn-k3": {"num_components": 3},  # HybridLightRNN-MoS, vs mos-k3
+    "lightrnn-k15": {"num_components": 15},  # vs mos (K = 15)
+}
+SEQ_LEN = 512
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", default=",".join(HEAD_OPTIONS), help="comma-separated heads (tied is always run)")
+    parser.add_argument("--vocab", default="32000", help="comma-separated vocabulary sizes")
+    parser.add_argument("--positions", default="1024", help="comma-separated N = batch x sequence positions")
+    parser.add_argument("--reps", type=int, default=3, help="timed repetitions per case (median reported)")
+    parser.add_argument("--gen-tokens", type=int, default=32, help="tokens generated per generation repetition")
+    parser.add_argument("--no-generate", action="store_true", help="skip the generation measurement")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in each worker")
+    parser.add_argument("--out", help="also write the markdown table to this file")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # JSON case, internal
+    return parser.parse_args(argv)
+
+
+def rss_mb(field: str) -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(field)
+
+
+def build_model(head: str, vocab: int):
+    import torch
+    from transformers import LlamaConfig
+
+    from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+
+    text = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=4, vocab_size=vocab, max_position_embeddings=4096,
+                       tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    head_type = head.split("-")[0]  # "mos-reference", "mos-k3", "lightrnn-k3": variants of one head type
+    options = HEAD_OPTIONS[head]
+    torch.manual_seed(0)
+    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=head_type, head_options=options))
+    if head.endswith("-reference"):
+        from reference_mos import use_reference_mos  # the published MoS code's computation
+
+        use_reference_mos(model.head)
+    return model
+
+
+def run_case(case: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(case["threads"])
+    model = build_model(case["head"], case["vocab"])
+    batch = case["positions"] // SEQ_LEN
+    ids = torch.randint(3, case["vocab"], (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train()
+    step()  # warm-up: allocates optimizer state
+    times, before = [], rss_mb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # reset the peak-RSS counter
+    for _ in range(case["reps"]):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    result = {"step_s": statistics.median(times), "step_mb": rss_mb("VmHWM") - before, "peak_mb": rss_mb("VmHWM")}
+    if case["gen_tokens"]:
+        model.eval()
+        prompt, rates = ids[:1, :16], []
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up (and label-matrix cache)
+            for _ in range(case["reps"]):
+                start = time.perf_counter()
+                model.generate(prompt, max_new_tokens=case["gen_tokens"], min_new_tokens=case["gen_tokens"],
+                               do_sample=False)
+                rates.append(case["gen_tokens"] / (time.perf_counter() - start))
+        result["gen_tok_s"] = statistics.median(rates)
+    return result
+
+
+def measure(case: dict) -> dict:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(case["threads"]))
+    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(case)], capture_output=True, text=True,
+                          env=env, cwd=os.path.dirname(os.path.abspath(__file__)))
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table_rows(vocab: int, positions: int, results: dict[str, dict]) -> list[str]:
+    base = results["tied"]
+    rows = []
+    for head, r in results.items():
+        if "error" in r:
+            rows.append(f"| {vocab} | {positions} | {head} | error: {r['error']} | | | | | | |")
+            continue
+        gen = (f"{r['gen_tok_s']:.1f} | {r['gen_tok_s'] / base['gen_tok_s']:.2f}x" if "gen_tok_s" in r else "- | -")
+        rows.append(
+            f"| {vocab} | {positions} | {head} | {r['step_s']:.3f} | {r['step_s'] / base['step_s']:.2f}x | "
+            f"{r['step_mb']:.0f} | {r['step_mb'] / max(base['step_mb'], 1):.2f}x | {r['peak_mb']:.0f} | {gen} |"
+        )
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_case(json.loads(args.worker))))
+        return
+    heads = ["tied"] + [h for h in args.heads.split(",") if h and h != "tied"]
+    lines = [
+        "| V | N | head | step s | step vs tied | step mem MB | mem vs tied | peak RSS MB | gen tok/s | gen vs tied |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    print("\n".join(lines), flush=True)
+    for vocab in map(int, args.vocab.split(",")):
+        for positions in map(int, args.positions.split(",")):
+            results = {}
+            for head in heads:
+                case = dict(head=head, vocab=vocab, positions=positions, reps=args.reps, threads=args.threads,
+                            gen_tokens=0 if args.no_generate else args.gen_tokens)
+                results[head] = measure(case)
+            rows = table_rows(vocab, positions, results)
+            print("\n".join(rows), flush=True)
+            lines += rows
+    if args.out:
+        with open(args.out, "w") as out:
+            out.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
