@@ -134,3 +134,18 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
         torch.testing.assert_close(again[key], whole[key], rtol=0, atol=0, msg=key)
     steps = [r["step"] for r in metrics(resumed) if "train_loss" in r]
     assert steps == sorted(set(steps)) == [r["step"] for r in metrics(tmp_path / "whole") if "train_loss" in r]
+
+
+def test_head_comparison_trains_each_head_and_writes_the_table(tmp_path):
+    config = tmp_path / "compare.yaml"
+    config.write_text(yaml.safe_dump({**TINY_LM, "max_train_samples": 40, "max_steps": 2, "eval_steps": 1,
+                                      "head_options_by_head": {"bilinear": {}}, "output_dir": str(tmp_path / "out")}))
+    command = [sys.executable, str(ROOT / "training" / "compare_heads.py"), "--config", str(config), "--heads", "tied,bilinear"]
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert table.startswith("Command: `python ") and "| tied |" in table and "| bilinear |" in table
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert [row["head"] for row in rows] == ["tied", "bilinear"]
+    assert rows[0]["head_parameters"] < rows[1]["head_parameters"] and all(row["eval_perplexity"] > 1 for row in rows)
+    assert (tmp_path / "out" / "comparison.png").is_file() and (tmp_path / "out" / "bilinear" / "README.md").is_file()

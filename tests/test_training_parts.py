@@ -186,3 +186,43 @@ def test_comparison_table_has_a_row_per_head():
     assert "| bilinear | 45.00 |  |  | 1,100 | 110 | 0.120 | 1.20x |" not in table  # BLEU columns only when present
     assert "| bilinear | 45.00 | 1,100 | 110 | 0.120 | 1.20x |" in table and "| broken | failed: ValueError" in table
     assert set(HEAD_CLASSES) >= {"tied", "linear", "bilinear"}
+
+
+def test_heads_that_learn_a_code_table_get_reassigned_through_their_capability():
+    from training.train import code_table_hook
+
+    learners = [name for name, cls in HEAD_CLASSES.items() if getattr(cls, "learns_code_table", False)]
+    accelerator = SimpleNamespace(unwrap_model=lambda model: model)
+    for name in learners:
+        config = OutHeadsConfig(text_config=GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=16),
+                                head_type=name)
+        model = OutHeadsForCausalLM(config).train()
+        every, hook = code_table_hook(accelerator, model, options(eval_steps=7))
+        assert every == 7
+        ids = __import__("torch").randint(0, 50, (2, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+        result = hook()
+        assert result["code_tokens"] > 0 and "code_moved" in result
+    plain = OutHeadsForCausalLM(OutHeadsConfig(text_config=GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50),
+                                               head_type="tied"))
+    assert code_table_hook(accelerator, plain, options(eval_steps=7)) == (None, None)
+
+
+def test_pretrained_checkpoint_is_converted_with_the_configured_head(tmp_path):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from training.modeling import build_model
+    from training.tokenization import load_pretrained_tokenizer
+
+    tokenizer = train_tokenizer(TEXTS, "bpe", 300)
+    original = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=300, n_positions=32)).eval()
+    original.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    opts = options(pretrained=str(tmp_path), head_type="bilinear", tokenizer="auto", dropout=0.0)
+    model = build_model(opts, load_pretrained_tokenizer(str(tmp_path))).eval()
+    assert model.config.head_type == "bilinear" and model.config.text_config.resid_pdrop == 0.0
+    ids = torch.randint(0, 300, (1, 6))
+    torch.testing.assert_close(model(input_ids=ids).logits, original(input_ids=ids).logits)  # tied original: exact
+    with pytest.raises(ValueError, match="exactly one of model_preset"):
+        build_model(options(pretrained=str(tmp_path), model_preset="gpt2-tiny"), tokenizer)

@@ -102,13 +102,13 @@ def plot(rows: list[dict], output_dir: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, axis = plt.subplots(figsize=(6, 4))
+    fig, axis = plt.subplots(figsize=(7, 4))
     for row in rows:
         points = [(r["step"], r["eval_perplexity"]) for r in read_metrics(output_dir / row["head"]) if "eval_perplexity" in r]
         if points:
             axis.plot(*zip(*points), "o-", label=row["head"])
     axis.set(xlabel="optimizer step", ylabel="validation perplexity", yscale="log", title="Heads compared")
-    axis.legend()
+    axis.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     fig.savefig(output_dir / "comparison.png", dpi=100)
     plt.close(fig)

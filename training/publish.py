@@ -26,7 +26,17 @@ CARD_METRICS = {
 }
 HYPERPARAMETERS = ("seed", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
                    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
-                   "mixed_precision", "block_size", "max_source_length", "max_target_length", "dropout")
+                   "mixed_precision", "dropout")
+TASK_HYPERPARAMETERS = {"causal_lm": ("block_size",), "seq2seq": ("max_source_length", "max_target_length")}
+
+
+def hyperparameters(options) -> dict:
+    values = {key: getattr(options, key) for key in HYPERPARAMETERS + TASK_HYPERPARAMETERS[options.task]}
+    if options.max_steps is not None:
+        values.pop("num_train_epochs")
+    if values["dropout"] is None:
+        values["dropout"] = "backbone default"
+    return values
 
 
 def plot_training_curve(output_dir: Path) -> Path | None:
@@ -42,16 +52,13 @@ def plot_training_curve(output_dir: Path) -> Path | None:
     train = [(r["step"], r["train_loss"]) for r in records if "train_loss" in r]
     evals = [(r["step"], r["eval_perplexity"]) for r in records if "eval_perplexity" in r]
     fig, left = plt.subplots(figsize=(6, 3.5))
-    if train:
-        left.plot(*zip(*train), label="training loss", color="tab:blue")
-    left.set_xlabel("optimizer step")
-    left.set_ylabel("training loss (nats)")
+    lines = left.plot(*zip(*train), label="training loss", color="tab:blue") if train else []
+    left.set(xlabel="optimizer step", ylabel="training loss (nats)")
     if evals:
         right = left.twinx()
-        right.plot(*zip(*evals), "o-", label="validation perplexity", color="tab:red")
-        right.set_ylabel("validation perplexity")
-        right.set_yscale("log")
-    fig.legend(loc="upper right")
+        lines += right.plot(*zip(*evals), "o-", label="validation perplexity", color="tab:red")
+        right.set(ylabel="validation perplexity")
+    left.legend(lines, [line.get_label() for line in lines], loc="upper right")
     fig.tight_layout()
     path = output_dir / CURVE_FILE
     fig.savefig(path, dpi=100)
@@ -107,7 +114,7 @@ def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCa
         + (f", converted from `{options.pretrained}` with `from_backbone`." if options.pretrained else ", randomly initialised."),
         parameters=results["parameters"], head_parameters=results["head_parameters"],
         tokenizer_description=f"{options.tokenizer} ({len(tokenizer):,} tokens)",
-        data_description=data_prose, hyperparameters={k: getattr(options, k) for k in HYPERPARAMETERS},
+        data_description=data_prose, hyperparameters=hyperparameters(options),
         has_curve=(output_dir / CURVE_FILE).exists(), eval_split=options.validation_split,
         eval_examples=results.get("eval_examples"), eval_tokens=results.get("eval_tokens"),
         eval_table=[(name, f"{results[key]:.4g}") for key, (_, name) in CARD_METRICS.items() if key in results],
