@@ -22,8 +22,9 @@ words keep their codes. Two solvers, both never worse than the current placement
     the worst case; sweeps repeat until one gains nothing. Any permutation of a grid is a
     product of column-, row- and column-internal permutations, so no placement is out of
     reach, but the descent can stop at a local optimum. The paper uses Preis's linear-time
-    1/2-approximation of a matching, the LightRNN code a greedy heuristic; neither is
-    monotone by construction. A result that is not strictly better keeps the old table.
+    1/2-approximation of a matching, the LightRNN code a greedy heuristic; neither
+    guarantees not to worsen the current placement. A result that is not strictly better
+    keeps the old table.
 scipy is imported only when re-assigning (training), so inference and remote code never need it.
 """
 
