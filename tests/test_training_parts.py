@@ -99,8 +99,12 @@ def test_causal_lm_blocks_and_seq2seq_pairs_from_local_files(tmp_path):
     (tmp_path / "train.txt").write_text("\n".join(TEXTS[:50]))
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps({"translation": {"de": "Hallo Welt", "en": "Hello world"}}) + "\n" for _ in range(3)))
     raw = data_lib.load_raw(options(data_files={"train": str(tmp_path / "train.txt")}))
-    blocks = data_lib.causal_lm_dataset(raw["train"], tokenizer, options(block_size=16))
+    blocks = data_lib.causal_lm_dataset(raw["train"], tokenizer, options(block_size=16, preprocessing_num_workers=2))
     assert len(blocks) > 10 and all(len(ids) == 16 for ids in blocks["input_ids"]) and blocks["labels"] == blocks["input_ids"]
+    streamed = data_lib.load_raw(options(data_files={"train": str(tmp_path / "train.txt")}, streaming=True))
+    streamed_blocks = list(data_lib.causal_lm_dataset(streamed["train"], tokenizer, options(block_size=16)))
+    in_memory = data_lib.causal_lm_dataset(raw["train"], tokenizer, options(block_size=16))
+    assert [b["input_ids"] for b in streamed_blocks] == list(in_memory["input_ids"])  # same blocks, never materialised
     pairs = data_lib.load_raw(options(data_files={"train": str(tmp_path / "pairs.jsonl")}))["train"]
     encoded = data_lib.seq2seq_dataset(pairs, tokenizer, options(task="seq2seq", source_lang="de", target_lang="en",
                                                                  source_prefix="translate: "))
