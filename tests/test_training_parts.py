@@ -230,3 +230,14 @@ def test_pretrained_checkpoint_is_converted_with_the_configured_head(tmp_path):
     torch.testing.assert_close(model(input_ids=ids).logits, original(input_ids=ids).logits)  # tied original: exact
     with pytest.raises(ValueError, match="exactly one of model_preset"):
         build_model(options(pretrained=str(tmp_path), model_preset="gpt2-tiny"), tokenizer)
+
+
+@pytest.mark.parametrize("config", sorted(Path(__file__).resolve().parents[1].glob("training/configs/*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_parse_and_name_valid_head_options(config):
+    from hf_outheads import get_head_class
+
+    opts = parse_options(["--config", str(config)])
+    per_head = {**opts.head_options_by_head, **({opts.head_type: opts.head_options} if opts.head_type else {})}
+    for head, head_options in per_head.items():
+        if head in HEAD_CLASSES:
+            get_head_class(head).Options.from_dict(head, head_options)
