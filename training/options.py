@@ -122,7 +122,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML file of options; flags given here override it.")
     for name, f in FIELDS.items():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=f"{f.metadata['help']} (default: {default!r})")
+        text = f.metadata["help"] if "default" in f.metadata["help"] else f"{f.metadata['help']} (default: {default!r})"
+        parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=text)
     return parser
 
 
