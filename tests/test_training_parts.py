@@ -207,6 +207,9 @@ def test_heads_that_learn_a_code_table_get_reassigned_through_their_capability()
         model(input_ids=ids, labels=ids).loss.backward()
         result = hook()
         assert result["code_tokens"] > 0 and "code_moved" in result
+        model.head.track_code_costs(False)
+        assert code_table_hook(accelerator, model, options(eval_steps=7, code_reassign_steps=0)) == (None, None)
+        assert not model.head.tracking_code_costs  # a fixed table: no costs accumulated
     plain = OutHeadsForCausalLM(OutHeadsConfig(text_config=GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50),
                                                head_type="tied"))
     assert code_table_hook(accelerator, plain, options(eval_steps=7)) == (None, None)

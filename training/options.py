@@ -77,7 +77,7 @@ class TrainOptions:
     mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
     code_reassign_steps: int | None = opt(None, "Heads that learn a word-to-code table (capability learns_code_table): "
-                                          "re-assign the codes every this many optimizer steps (default: eval_steps).")
+                                          "re-assign the codes every this many optimizer steps (default: eval_steps; 0: never, a fixed table).")
     # evaluation
     eval_steps: int | None = opt(None, "Evaluate every this many optimizer steps (and always at the end).")
     generation_metrics: list = opt([], "Generation metrics from training/metrics: sacrebleu, chrf, rouge (seq2seq).")

@@ -251,10 +251,11 @@ def code_table_hook(accelerator, model, options) -> tuple:
     capability `learns_code_table`); costs are summed over processes by the head. Costs
     accumulated since the last re-assignment are not checkpointed."""
     head = accelerator.unwrap_model(model).head
-    if not getattr(head, "learns_code_table", False):
+    every = options.eval_steps if options.code_reassign_steps is None else options.code_reassign_steps
+    if not getattr(head, "learns_code_table", False) or not every:  # 0: a fixed table, no costs tracked
         return None, None
     head.track_code_costs(True)
-    return options.code_reassign_steps or options.eval_steps, lambda: {f"code_{k}": v for k, v in head.reassign_codes().items()}
+    return every, lambda: {f"code_{k}": v for k, v in head.reassign_codes().items()}
 
 
 def training_function(options) -> dict:
