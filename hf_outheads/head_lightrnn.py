@@ -309,15 +309,14 @@ class LightRNNHead(MixtureHead):
         """Approximate (returns False), as `mos`'s tanh conversion: `k = tanh(eps A h)` with A the
         identity (or the top right-singular vectors of `weight` when d < d_h), exclusive codes
         score `weight[w] A^T / eps + bias[w]`, a row the mean of its words' vectors and the
-        logsumexp of their biases; columns start uniform. The table stays as it is."""
+        logsumexp of their biases; the column layers keep their fresh initialisation (zeroing
+        both `z`'s inputs and the column weights would leave them without gradients). The
+        table stays as it is."""
         d, d_h, eps, (f, r, c) = self.latent_size, self.dims.hidden_dim, self.tanh_init_scale, self.table
         A = torch.eye(d, d_h) if d >= d_h else torch.linalg.svd(weight.float(), full_matrices=False)[2][:d]
         vectors, bias = weight.float() @ A.T.to(weight.device) / eps, bias.float()
         self.latents[0].weight.copy_((A * eps).repeat(self.num_components, 1))
         self.latents[0].bias.zero_()
-        for tensor in (self.column_latents.weight, self.column_latents.bias, self.row_embedding,
-                       self.second_weight, self.second_bias):
-            tensor.zero_()
         exclusive = torch.nonzero(self.codes < f).squeeze(1)
         row_vectors, row_bias = row_summaries(self.codes, f, r, c, vectors, bias)
         self.first_bias[:f].zero_()

@@ -248,6 +248,8 @@ def test_conversion_from_a_pretrained_lm_starts_close():
     exclusive = model.head.codes < 8  # exclusive words keep the original's odds against each other
     diff = (ours - theirs)[..., exclusive]
     torch.testing.assert_close(diff - diff[..., :1], torch.zeros_like(diff), atol=1e-3, rtol=0)
+    model.train()(input_ids=ids, labels=ids).loss.backward()  # every part of the converted head can learn
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.head.parameters())
 
 
 def test_training_loss_never_builds_a_tensor_per_position_and_word():
