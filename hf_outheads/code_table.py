@@ -106,9 +106,19 @@ def _permute_lines(lines: np.ndarray, cost: np.ndarray, solve) -> np.ndarray:
     return out
 
 
+def linear_sum_assignment():
+    """scipy's solver, imported only to re-assign (training). The try block keeps scipy out of
+    the imports transformers requires for remote code (it skips imports inside `try`)."""
+    try:
+        from scipy.optimize import linear_sum_assignment as solve
+    except ImportError as error:
+        raise ImportError("Re-assigning a code table needs scipy: pip install scipy") from error
+    return solve
+
+
 def assign_alternating(grid, row_cost, col_cost, max_sweeps: int = 8):
     """Block-coordinate descent (module docstring): monotone, each pass exact."""
-    from scipy.optimize import linear_sum_assignment as solve
+    solve = linear_sum_assignment()
 
     cost = grid_cost(grid, row_cost, col_cost)
     for _ in range(max_sweeps):
@@ -123,13 +133,11 @@ def assign_alternating(grid, row_cost, col_cost, max_sweeps: int = 8):
 
 def assign_exact(grid, row_cost, col_cost):
     """Optimal placement of the table's words in its cells (one rectangular assignment)."""
-    from scipy.optimize import linear_sum_assignment
-
     R, C = grid.shape
     words = grid[grid >= 0]
     cells = np.arange(R * C)
     cost = row_cost[words][:, cells // C] + col_cost[words][:, cells % C]
-    rows, chosen = linear_sum_assignment(cost)
+    rows, chosen = linear_sum_assignment()(cost)
     out = np.full(R * C, -1, dtype=np.int64)
     out[chosen] = words[rows]
     return out.reshape(R, C)

@@ -236,3 +236,15 @@ def test_remote_code_load_refuses_missing_head_weights(remote_loads):
     _, _, results = remote_loads
     error = results["missing-head-bias"].get("error", "")
     assert error.startswith("ValueError") and "head.bias" in error, results["missing-head-bias"]
+
+
+def test_remote_code_needs_no_package_beyond_torch_and_transformers():
+    """transformers refuses remote code whose modules import packages that are not installed:
+    the saved files may only require what every transformers user has."""
+    from pathlib import Path
+
+    from transformers.dynamic_module_utils import get_imports
+
+    package = Path(__import__("hf_outheads").__file__).parent
+    required = {name for path in package.glob("*.py") for name in get_imports(str(path))} - sys.stdlib_module_names
+    assert required <= {"__future__", "torch", "transformers", "numpy", "huggingface_hub", "safetensors"}, required
