@@ -25,6 +25,7 @@ import time
 
 HEAD_OPTIONS = {  # the settings the performance targets name (shared/design/performance.md)
     "tied": {},
+    "backbone": {},  # the backbone alone (loss on its hidden states): the part of a step no head changes
     "linear": {},
     "bilinear": {},
     "joint": {},  # joint_dim = d_h
@@ -49,6 +50,8 @@ def parse_args(argv=None):
     parser.add_argument("--gen-tokens", type=int, default=32, help="tokens generated per generation repetition")
     parser.add_argument("--no-generate", action="store_true", help="skip the generation measurement")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in each worker")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="time the first step too (a quick fits-in-memory check: peak RSS then includes optimizer state)")
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # JSON case, internal
     return parser.parse_args(argv)
@@ -71,7 +74,7 @@ def build_model(head: str, vocab: int):
     text = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=4, vocab_size=vocab, max_position_embeddings=4096,
                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    head_type = head.split("-")[0]  # "mos-reference", "mos-k3", "lightrnn-k3": variants of one head type
+    head_type = "tied" if head == "backbone" else head.split("-")[0]  # "mos-reference", "mos-k3": variants
     options = HEAD_OPTIONS[head]
     torch.manual_seed(0)
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=head_type, head_options=options))
@@ -92,12 +95,16 @@ def run_case(case: dict) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
-        model(input_ids=ids, labels=ids).loss.backward()
+        if case["head"] == "backbone":
+            model.backbone(input_ids=ids).last_hidden_state.float().square().mean().backward()
+        else:
+            model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     model.train()
-    step()  # warm-up: allocates optimizer state
+    if case["warmup"]:
+        step()  # warm-up: allocates optimizer state
     times, before = [], rss_mb("VmRSS")
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # reset the peak-RSS counter
@@ -144,6 +151,26 @@ def table_rows(vocab: int, positions: int, results: dict[str, dict]) -> list[str
     return rows
 
 
+def components(head: str) -> int:
+    options = HEAD_OPTIONS.get(head) or {}
+    return options.get("num_components") or sum(count for _, count in options.get("components", [])) or 1
+
+
+def floor_notes(results: dict[str, dict]) -> list[str]:
+    """Mixture step time against its floor: the backbone plus K times tied's head."""
+    if "step_s" not in results.get("backbone", {}) or "step_s" not in results["tied"]:
+        return []
+    backbone, head = results["backbone"]["step_s"], results["tied"]["step_s"] - results["backbone"]["step_s"]
+    notes = []
+    for name, r in results.items():
+        k = components(name)
+        if k > 1 and "step_s" in r:
+            floor = backbone + k * head
+            notes.append(f"<!-- floor --> {name}: K = {k}, floor = backbone + K x tied head = {floor:.2f} s, "
+                         f"step = {r['step_s'] / floor:.2f}x the floor")
+    return notes
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
@@ -160,9 +187,10 @@ def main(argv=None):
             results = {}
             for head in heads:
                 case = dict(head=head, vocab=vocab, positions=positions, reps=args.reps, threads=args.threads,
+                            warmup=not args.no_warmup,
                             gen_tokens=0 if args.no_generate else args.gen_tokens)
                 results[head] = measure(case)
-            rows = table_rows(vocab, positions, results)
+            rows = table_rows(vocab, positions, results) + floor_notes(results)
             print("\n".join(rows), flush=True)
             lines += rows
     if args.out:
