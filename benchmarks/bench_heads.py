@@ -25,7 +25,8 @@ import time
 
 HEAD_OPTIONS = {  # the settings the performance targets name (shared/design/performance.md)
     "tied": {},
-    "backbone": {},  # the backbone alone (loss on its hidden states): the part of a step no head changes
+    "backbone": {},
+    "tied-chunked": {"training_loss": "chunked"},  # the exact loss without N x |V| logits  # the backbone alone (loss on its hidden states): the part of a step no head changes
     "linear": {},
     "bilinear": {},
     "joint": {},  # joint_dim = d_h
