@@ -212,10 +212,7 @@ class LightRNNHead(MixtureHead):
         """As `mos`: without labels `logits` = log p; with labels in training mode the loss
         from the gold codes only (`logits=None`) unless `inputs.return_logits`; otherwise both."""
         states, params = self.code_states(inputs), self.code_params(inputs.embeddings)
-        want_logits = inputs.return_logits
-        if want_logits is None:
-            want_logits = not (self.training and labels is not None)
-        if labels is None or want_logits:
+        if self.needs_logits(inputs, labels):
             logits = self.log_probs(*states, params).reshape(*inputs.hidden.shape[:-1], -1)
             if labels is not None and self.training and self.tracking_code_costs:
                 self.accumulate_code_costs(inputs, labels)

@@ -154,6 +154,13 @@ class MixtureHead(OutputHead):
         shape = [k.shape[0]] + [1] * (k.dim() - 3) + [1 if self.shared_dropout_mask else k.shape[-2], k.shape[-1]]
         return k * k.new_empty(shape).bernoulli_(1 - p).div_(1 - p)
 
+    def needs_logits(self, inputs: HeadInputs, labels: torch.Tensor | None) -> bool:
+        """Full log-probabilities without labels, when `return_logits` asks, and outside
+        training; a training forward with labels gets the exact loss alone."""
+        if labels is None:
+            return True
+        return (not self.training) if inputs.return_logits is None else inputs.return_logits
+
     def aux_loss(self, log_prior: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         return None
 
@@ -165,10 +172,7 @@ class MixtureHead(OutputHead):
         latents = self.latent_states(inputs)
         weight = inputs.embeddings if self.weight is None else self.weight
         aux = self.aux_loss(log_prior, labels) if self.training and labels is not None else None
-        want_logits = getattr(inputs, "return_logits", None)
-        if want_logits is None:
-            want_logits = not (self.training and labels is not None)
-        if labels is None or want_logits:
+        if self.needs_logits(inputs, labels):
             logits = mixture_log_probs(log_prior, latents, weight, self.bias)
             nll = nll_sum_from_logits(logits, labels) if labels is not None else None
             return HeadOutput(logits=logits, nll_sum=nll, aux_loss=aux)
