@@ -62,12 +62,14 @@ def default_codes(vocab_size: int, F: int, R: int, C: int, order: str = "frequen
     return codes_from_counts(-torch.arange(vocab_size, dtype=torch.float64), F, R, C, order, seed)
 
 
-def check_codes(codes: torch.Tensor, num_codes: int) -> None:
+def check_codes(codes: torch.Tensor, num_codes: int, what: str = "The word-code table") -> None:
     """Raise unless every word has one code in range and no two words share one."""
     if codes.numel() and (codes.min() < 0 or codes.max() >= num_codes):
-        raise ValueError(f"Codes out of range [0, {num_codes}).")
+        raise ValueError(f"{what} has codes out of range [0, {num_codes}): min {codes.min().item()}, "
+                         f"max {codes.max().item()}. Every word needs a distinct code in that range.")
     if torch.unique(codes).numel() != codes.numel():
-        raise ValueError("Two words share a code: the word-code table is not injective.")
+        raise ValueError(f"{what} is not injective: two words share a code, so probabilities would not sum "
+                         "to 1. Every word needs a distinct code; re-create the table from word counts.")
 
 
 def code_masks(codes: torch.Tensor, F: int, R: int, C: int) -> tuple[torch.Tensor, torch.Tensor]:

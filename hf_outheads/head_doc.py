@@ -118,5 +118,6 @@ class DOCHead(MixtureHead):
         keep = (labels.reshape(-1) != IGNORE_INDEX).to(prior.dtype)
         total = (prior * keep.unsqueeze(-1)).sum(0)  # B, (J,)
         mean = total.mean()
-        beta = total.var(correction=0) / mean.clamp_min(torch.finfo(mean.dtype).tiny) ** 2
+        # clamp the square, not the mean (tiny ** 2 underflows to 0): no kept label gives beta = 0, not NaN
+        beta = total.var(correction=0) / (mean * mean).clamp_min(torch.finfo(mean.dtype).tiny)
         return self.options.regularizer_weight * beta

@@ -60,7 +60,8 @@ from transformers import initialization as init
 
 from .code_table import (EXACT_LIMIT, TABLE_INITS, check_codes, code_masks, codes_from_counts, codes_from_grid,
                          default_codes, reassign, resize_codes, row_summaries, table_grid)
-from .heads import IGNORE_INDEX, HeadDims, HeadInputs, HeadOutput, check_choice, nll_sum_from_logits
+from .heads import (IGNORE_INDEX, HeadDims, HeadInputs, HeadOutput, check_choice, nll_sum_from_logits,
+                    word_count_vector)
 from .losses import linear_cross_entropy
 from .mixture import MixtureHead, MixtureOptions, check_int
 
@@ -134,6 +135,10 @@ class LightRNNHead(MixtureHead):
         init.zeros_(self.first_bias)
         init.zeros_(self.second_bias)
         init.copy_(self.codes, self.default_table().to(self.codes.device))
+
+    def check_state(self) -> None:
+        """A loaded table gives every word a distinct code in range (`code_table.check_codes`)."""
+        check_codes(self.codes, self.table[0] + self.table[1] * self.table[2], "Head 'lightrnn': the loaded 'head.codes'")
 
     # ----- the distribution -----
     def code_states(self, inputs: HeadInputs):
@@ -213,7 +218,7 @@ class LightRNNHead(MixtureHead):
         from the gold codes only (`logits=None`) unless `inputs.return_logits`; otherwise both."""
         states, params = self.code_states(inputs), self.code_params(inputs.embeddings)
         if self.needs_logits(inputs, labels):
-            logits = self.log_probs(*states, params).reshape(*inputs.hidden.shape[:-1], -1)
+            logits = self.log_probs(*states, params).reshape(*inputs.hidden.shape[:-1], self.dims.vocab_size)
             if labels is not None and self.training and self.tracking_code_costs:
                 self.accumulate_code_costs(inputs, labels)
             nll = nll_sum_from_logits(logits, labels) if labels is not None else None
@@ -290,6 +295,7 @@ class LightRNNHead(MixtureHead):
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Initial table from training-set counts, only while the table is the default one: a
         table already initialised from counts, learnt or loaded is kept."""
+        counts = word_count_vector(self, counts)
         if torch.equal(self.codes.cpu(), self.default_table()):
             self.init_table_from_counts(counts)
 

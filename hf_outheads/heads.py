@@ -8,6 +8,7 @@ The model classes only talk to this interface: they read a head's capabilities
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -112,6 +113,7 @@ class OutputHead(nn.Module):
         super().__init__()
         self.options = options
         self.dims = dims
+        self.register_load_state_dict_post_hook(_check_loaded_state)
 
     @property
     def layer_indices(self) -> tuple[int, ...]:
@@ -128,6 +130,16 @@ class OutputHead(nn.Module):
 
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
         raise NotImplementedError
+
+    def generation_scope(self):
+        """Context manager the model enters around each `generate` call, in which nothing the
+        head reads changes (single-softmax heads reuse their label matrix). Default: nothing."""
+        return contextlib.nullcontext()
+
+    def check_state(self) -> None:
+        """Raise a ValueError if loaded values break the head's invariants; called after
+        `load_state_dict` and `from_pretrained`. Default: nothing to check."""
+        return None
 
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Training-set frequency of every word (`|V|` counts). Training pipelines call it once
@@ -154,6 +166,21 @@ class OutputHead(nn.Module):
                 rows = rows.clone()
                 store[name] = nn.Parameter(rows, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else rows
         self.dims = dataclasses.replace(self.dims, vocab_size=new_size)
+
+
+def _check_loaded_state(module: OutputHead, incompatible_keys) -> None:
+    module.check_state()
+
+
+def word_count_vector(head: OutputHead, counts) -> torch.Tensor:
+    """`counts` as a 1-d tensor of `|V|` non-negative counts, or a ValueError saying what it got."""
+    counts = torch.as_tensor(counts).reshape(-1)
+    if counts.numel() != head.dims.vocab_size or counts.is_floating_point() and not torch.isfinite(counts).all():
+        raise ValueError(f"Head '{head.head_type}': set_word_counts needs one finite count per word of the "
+                         f"{head.dims.vocab_size}-word vocabulary, got {counts.numel()} values.")
+    if counts.numel() and counts.min() < 0:
+        raise ValueError(f"Head '{head.head_type}': set_word_counts got a negative count ({counts.min().item()}).")
+    return counts
 
 
 def nll_sum_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

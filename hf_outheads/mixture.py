@@ -78,7 +78,7 @@ def mixture_log_probs(log_prior, latents, weight, bias) -> torch.Tensor:
     for start in range(0, latents.shape[0], rows):
         args = (log_prior[start : start + rows], latents[start : start + rows], weight, bias)
         pieces.append(checkpoint(_mix, *args, use_reentrant=False) if grad and latents.shape[0] > rows else _mix(*args))
-    return torch.cat(pieces).reshape(*lead, V)
+    return (torch.cat(pieces) if pieces else weight.new_zeros(0, V)).reshape(*lead, V)  # no kept position: (..., 0, V)
 
 
 def mixture_nll(log_prior, latents, weight, bias, labels) -> torch.Tensor:

@@ -43,6 +43,16 @@ def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id:
     return shifted.masked_fill(shifted == IGNORE_INDEX, pad_token_id)
 
 
+def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
+    """Every label is -100 (ignored) or a word id in [0, vocab_size): one check for every head."""
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
+    if bad.any():
+        raise ValueError(
+            f"labels must be -100 (ignored) or a token id in [0, {vocab_size}); got {labels[bad][:5].tolist()}. "
+            "Mask padding with -100, and check the tokenizer matches the model's vocabulary."
+        )
+
+
 class OutHeadsPreTrainedModel(PreTrainedModel):
     config_class = OutHeadsConfig
     base_model_prefix = "backbone"
@@ -53,6 +63,7 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
 
     def __init__(self, config: OutHeadsConfig):
+        config.build_head_options()  # a config without a backbone (text_config) or with bad options fails here
         super().__init__(config)
         self.backbone = AutoModel.from_config(config.text_config)
         head_class = get_head_class(config.head_type)
@@ -110,7 +121,13 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
                 f"The checkpoint does not match {cls.__name__} (head '{model.config.head_type}'): {problems}. "
                 "Save it with this package's save_pretrained, or convert a plain model with from_backbone()."
             )
+        model.head.check_state()  # loaded values the head needs consistent (lightrnn's code table)
         return (model, info) if want_info else model
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate` inside `head.generation_scope()` (e.g. one label matrix per call)."""
+        with self.head.generation_scope():
+            return super().generate(*args, **kwargs)
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """Resize the backbone's embeddings, then the head's per-word parameters
@@ -149,12 +166,13 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
         layers = {i: slice_logits_to_keep(hidden_states[i], logits_to_keep) for i in self.head.layer_indices}
         if labels is not None:
             labels = slice_logits_to_keep(labels.unsqueeze(-1), logits_to_keep).squeeze(-1).to(hidden.device)
+            check_labels(labels, self.head.dims.vocab_size)
         inputs = HeadInputs(hidden, self.output_embedding_matrix(), layers, return_logits=return_logits)
         out = self.head(inputs, labels)
         loss = None
         if labels is not None:
             count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE_INDEX).sum()
-            loss = out.nll_sum / count
+            loss = out.nll_sum / torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0, not NaN
             if out.aux_loss is not None:
                 loss = loss + out.aux_loss
         return loss, out.logits, out.aux_loss

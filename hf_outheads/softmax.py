@@ -3,8 +3,8 @@ and 7; joint-embedding paper Eq. 14). Subclasses (`linear`, `tied`, `bilinear`, 
 `drill`) define the context-independent `label_matrix` and the per-position `context`.
 
 What they share, for speed and memory (shared/design/performance.md):
-  - the label matrix is computed once per forward pass, and at inference (eval mode, no
-    autograd) kept until `E` or a head parameter changes, so generate pays for it once;
+  - the label matrix is computed once per forward pass, and once per `generate` call (the
+    model enters `head.generation_scope()`), never kept across calls;
   - `training_loss="chunked"` (or the model argument `return_logits=False`): the exact loss
     from a chunked linear cross-entropy, never holding `N x |V|` logits; no logits returned;
   - `training_loss="sampled"`: the joint-embedding paper's sampled softmax in training
@@ -13,12 +13,13 @@ What they share, for speed and memory (shared/design/performance.md):
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .heads import HeadInputs, HeadOptions, HeadOutput, OutputHead, nll_sum_from_logits
+from .heads import HeadInputs, HeadOptions, HeadOutput, OutputHead, nll_sum_from_logits, word_count_vector
 from .losses import linear_cross_entropy
 from .sampling import sampled_nll_sum
 
@@ -63,22 +64,31 @@ class SoftmaxHead(OutputHead):
         return hidden
 
     def current_label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """`label_matrix(E)`, reused at inference while every input tensor is the same object
-        with the same storage and in-place version (an optimiser step, `load_state_dict`,
-        `.to()` or a resize all change one of them, so a stale matrix is never used)."""
-        if self.training or torch.is_grad_enabled():
-            self._label_cache = None
+        """`label_matrix(E)`, computed once per `generation_scope()` scope (the model's
+        `generate`, no autograd) while `E` and the parameters are the same tensors, storage and
+        version; outside a scope computed on every call (`param.data` writes change no version,
+        so no cross-call key could see them)."""
+        if self._label_cache is None or self.training or torch.is_grad_enabled():
             return self.label_matrix(embeddings)
         tensors = (embeddings, *self.parameters())
         key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
         cached = self._label_cache
-        if cached is None or cached[1] != key or any(a is not b for a, b in zip(cached[0], tensors)):
+        if not cached or cached[1] != key or any(a is not b for a, b in zip(cached[0], tensors)):
             self._label_cache = (tensors, key, self.label_matrix(embeddings))
         return self._label_cache[2]
 
+    @contextmanager
+    def generation_scope(self):
+        """Within this scope (one `generate` call) the label matrix is computed once."""
+        outer, self._label_cache = self._label_cache, ()
+        try:
+            yield
+        finally:
+            self._label_cache = outer
+
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Unigram proposal for `sampled_proposal="unigram"` (add-one smoothed)."""
-        self._log_unigram = torch.log(torch.as_tensor(counts, dtype=torch.float).reshape(-1) + 1.0)
+        self._log_unigram = torch.log(word_count_vector(self, counts).float() + 1.0)
 
     def _sampled_nll(self, context, weight, labels) -> torch.Tensor:
         log_q = None

@@ -124,7 +124,10 @@ def test_generation_computes_the_label_matrix_once(head):
     assert len(calls) == 1
 
 
-def test_label_matrix_cache_is_invalidated_by_every_weight_change():
+def test_label_matrix_is_never_stale_and_computed_once_per_generate_call():
+    """Outside `generate` every forward recomputes the label matrix, so any weight change is
+    seen, including `param.data` writes (which change no tensor version); inside one call it is
+    computed once; training always recomputes it, with gradients."""
     ids, _ = batch()
     model = model_for("drill").eval()
     calls = count_label_matrix_calls(model.head)
@@ -134,24 +137,25 @@ def test_label_matrix_cache_is_invalidated_by_every_weight_change():
             return model(input_ids=ids).logits
 
     first = logits()
-    assert torch.equal(logits(), first) and len(calls) == 1
+    assert torch.equal(logits(), first) and len(calls) == 2
+    for param in (model.head.layers[0].weight, model.get_input_embeddings().weight):
+        before = logits()
+        param.data.mul_(1.5)  # no version bump: an old cache would return `before`
+        assert not torch.equal(logits(), before)
+    model.generate(ids[:1], max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    model.head.layers[0].weight.data.add_(0.5)
+    generated = [model.generate(ids[:1], max_new_tokens=1, do_sample=False, output_scores=True,
+                                return_dict_in_generate=True).scores[0] for _ in range(2)]
     with torch.no_grad():
-        model.head.layers[0].weight.add_(0.5)  # in-place, as an optimiser step
-    changed = logits()
-    assert len(calls) == 2 and not torch.equal(changed, first)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(1.1)  # E belongs to the backbone
-    logits()
-    assert len(calls) == 3
+        torch.testing.assert_close(generated[0], model(input_ids=ids[:1]).logits[:, -1])
     state = {k: v.clone() for k, v in model_for("drill").state_dict().items()}
     model.load_state_dict(state)
-    reloaded = logits()
-    assert len(calls) == 4
     fresh = model_for("drill").eval()
     with torch.no_grad():
-        torch.testing.assert_close(reloaded, fresh(input_ids=ids).logits)
+        torch.testing.assert_close(logits(), fresh(input_ids=ids).logits)
     model.to(torch.float64)
-    assert logits().dtype == torch.float64 and len(calls) == 5
+    assert logits().dtype == torch.float64
     model.train()
+    count = len(calls)
     model(input_ids=ids).logits.sum().backward()  # training: recomputed every forward, with gradients
-    assert len(calls) == 6 and model.head.layers[0].weight.grad is not None
+    assert len(calls) == count + 1 and model.head.layers[0].weight.grad is not None

@@ -1,0 +1,138 @@
+"""Reliability of the model classes (issue 10): all-ignored batches, label checks, empty kept
+positions, word counts, loaded code tables, incomplete configs, generation length."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import GPT2Config
+
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from hf_outheads.softmax import SoftmaxHead
+from hf_outheads.head_catalog import get_head_class
+from head_cases import HEAD_CASES
+from tiny import VOCAB, tiny_config, tiny_original
+
+LOSSES = ("full", "chunked", "sampled")
+LOSS_CASES = [(head, loss) for head in sorted(HEAD_CASES)
+              for loss in (LOSSES if issubclass(get_head_class(head), SoftmaxHead) else (None,))]
+
+
+def build(head, backbone="llama", **options):
+    torch.manual_seed(0)
+    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type=head, head_options={**HEAD_CASES[head], **options})
+    return (OutHeadsForSeq2SeqLM if backbone == "t5" else OutHeadsForCausalLM)(config)
+
+
+def ids(length=7):
+    return torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("head,loss", LOSS_CASES, ids=[f"{h}-{l}" for h, l in LOSS_CASES])
+def test_all_ignored_batch_gives_zero_loss_zero_gradients_and_no_nan_after_adamw(head, loss):
+    model = build(head, **({"training_loss": loss} if loss else {})).train()
+    inputs = ids()
+    out = model(input_ids=inputs, labels=torch.full_like(inputs, -100))
+    assert out.loss.item() == 0.0
+    out.loss.backward()
+    for name, param in model.named_parameters():
+        assert param.grad is None or (torch.isfinite(param.grad).all() and not param.grad.any()), name
+    torch.optim.AdamW(model.parameters(), lr=1e-2).step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert torch.isfinite(model.eval()(input_ids=inputs).logits).all()
+
+
+def test_all_ignored_batch_with_num_items_in_batch_zero_is_zero():
+    model = build("doc").train()
+    inputs = ids()
+    loss = model(input_ids=inputs, labels=torch.full_like(inputs, -100), num_items_in_batch=torch.tensor(0)).loss
+    assert loss.item() == 0.0
+
+
+@pytest.mark.parametrize("head,loss", LOSS_CASES, ids=[f"{h}-{l}" for h, l in LOSS_CASES])
+@pytest.mark.parametrize("bad", [-1, VOCAB])
+def test_out_of_range_labels_raise_for_every_head(head, loss, bad):
+    model = build(head, **({"training_loss": loss} if loss else {})).train()
+    inputs = ids()
+    labels = inputs.clone()
+    labels[1, 3] = bad
+    with pytest.raises(ValueError, match=rf"labels must be -100 .* \[0, {VOCAB}\); got \[{bad}\]"):
+        model(input_ids=inputs, labels=labels)
+
+
+@pytest.mark.parametrize("head", sorted(HEAD_CASES))
+def test_no_kept_position_gives_empty_logits(head):
+    model = build(head).eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids(), logits_to_keep=torch.tensor([], dtype=torch.long)).logits
+    assert logits.shape == (2, 0, VOCAB)
+
+
+def test_unigram_word_counts_of_the_wrong_length_are_rejected_when_set():
+    model = build("linear", training_loss="sampled", sampled_proposal="unigram")
+    for counts in (torch.ones(VOCAB - 1), torch.ones(VOCAB + 5)):
+        with pytest.raises(ValueError, match=rf"set_word_counts needs one finite count per word of the {VOCAB}-word"):
+            model.head.set_word_counts(counts)
+    with pytest.raises(ValueError, match="negative count"):
+        model.head.set_word_counts(-torch.ones(VOCAB))
+    model.head.set_word_counts(torch.arange(VOCAB))
+
+
+def test_lightrnn_rejects_a_loaded_code_table_that_is_not_injective_or_out_of_range(tmp_path):
+    model = build("lightrnn")
+    model.save_pretrained(tmp_path)
+    for bad in ("shared", "range"):
+        codes = model.head.codes.clone()
+        if bad == "shared":
+            codes[5] = codes[6]
+        else:
+            codes[5] = 8 + 8 * 16
+        with pytest.raises(ValueError, match="not injective" if bad == "shared" else "out of range"):
+            build("lightrnn").load_state_dict({**model.state_dict(), "head.codes": codes})
+        weights = load_file(tmp_path / "model.safetensors")
+        save_file({**weights, "head.codes": codes}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(ValueError, match="Head 'lightrnn': the loaded 'head.codes'"):
+            OutHeadsForCausalLM.from_pretrained(tmp_path)
+    build("lightrnn").load_state_dict(model.state_dict())  # a valid table loads
+
+
+def test_config_without_backbone_or_head_type_says_to_use_from_backbone(tmp_path):
+    OutHeadsConfig()  # transformers builds one without arguments (diffs, repr)
+    repr(OutHeadsConfig())
+    with pytest.raises(ValueError, match="no text_config .*from_backbone"):
+        OutHeadsForCausalLM(OutHeadsConfig(head_type="linear"))
+    build("linear").save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    for key in ("head_type", "text_config"):
+        (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != key}))
+        with pytest.raises(ValueError, match=f"has no {key}.*from_backbone"):
+            OutHeadsForCausalLM.from_pretrained(tmp_path)
+    GPT2Config(n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path)  # a plain GPT-2 folder
+    with pytest.raises(ValueError, match="`gpt2` config has no text_config and no head_type.*from_backbone"):
+        OutHeadsConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("scale", [0, -1.0, float("nan"), float("inf"), "abc", True])
+def test_hidden_scale_must_be_a_positive_finite_number(scale):
+    with pytest.raises(ValueError, match="hidden_scale must be a positive finite number"):
+        OutHeadsConfig(text_config=tiny_config("llama"), hidden_scale=scale)
+
+
+def test_composite_config_answers_backbone_attributes_but_not_generation_parameters():
+    config = OutHeadsConfig(text_config=tiny_config("t5"), head_type="tied")
+    assert config.d_model == 32 and config.num_heads == 4
+    gpt2 = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="tied")
+    assert gpt2.max_position_embeddings == 64 and not hasattr(gpt2, "num_beams") and not hasattr(gpt2, "_nothing")
+    assert config._get_generation_parameters() == {}
+
+
+def test_default_length_generation_stops_where_the_backbone_positions_end():
+    original = tiny_original("gpt2")
+    model = OutHeadsForCausalLM.from_backbone(original).eval()
+    prompt = torch.full((1, 60), 5)  # 60 + 20 default new tokens > n_positions = 64
+    expected = original.generate(prompt, do_sample=False)
+    assert expected.shape[1] == 64
+    assert torch.equal(model.generate(prompt, do_sample=False), expected)
