@@ -3,32 +3,49 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 from .backbones import head_dims, hidden_scale
 from .head_catalog import get_head_class
+
+FROM_BACKBONE = ("Build the model with OutHeadsForCausalLM.from_backbone(...) / OutHeadsForSeq2SeqLM.from_backbone(...) "
+                 "(a plain transformers model or its folder), or OutHeadsConfig(text_config=..., head_type=...).")
+_GENERATION_KEYS: set[str] = set()
+
+
+def not_from_backbone(name: str) -> bool:
+    """Attributes the composite never reads from `text_config`: private ones and generation
+    parameters (those belong in `generation_config`; transformers rejects them on a config)."""
+    if not _GENERATION_KEYS:
+        _GENERATION_KEYS.update(GenerationConfig._get_default_generation_params())
+    return name.startswith("_") or name in _GENERATION_KEYS
 
 
 class OutHeadsConfig(PretrainedConfig):
     """Configuration of an `OutHeadsFor*` model.
 
     Args:
-        text_config: the backbone's config (object, or dict with `model_type`).
-        head_type: one of the registered heads (`linear`, `tied`, `bilinear`, ...).
+        text_config: the backbone's config (object, or dict with `model_type`). Required to build
+            a model; `OutHeadsConfig()` alone (which transformers builds internally) has none.
+        head_type: one of the registered heads (`linear`, `tied`, `bilinear`, ...); required in
+            a saved config.json.
         head_options: the head's hyper-parameters; omitted ones take the papers' defaults.
             Stored fully expanded, so a saved config states every value used.
-        hidden_scale: factor on the final hidden state before the head; derived from the
-            backbone family when omitted (T5 with tied embeddings: `d_model ** -0.5`).
+        hidden_scale: positive factor on the final hidden state before the head; derived from
+            the backbone family when omitted (T5 with tied embeddings: `d_model ** -0.5`).
         vocab_size: optional check; must equal the backbone's vocabulary size.
 
+    Backbone attributes the composite does not define (`max_position_embeddings`, `d_model`,
+    ...) are read from `text_config`, except generation parameters.
     Example: `OutHeadsConfig(text_config=GPT2Config(), head_type="tied")`.
     """
 
     model_type = "outheads"
-    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="gpt2")}
+    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="gpt2", optional=True)}
 
     text_config: dict | PretrainedConfig | None = None
     head_type: str = "tied"
@@ -41,6 +58,8 @@ class OutHeadsConfig(PretrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         text = self.text_config
+        if text is None:  # the argument-less config transformers builds (diffs, defaults): no model from it
+            return
         if self.vocab_size is not None and self.vocab_size != text.vocab_size:
             raise ValueError(
                 f"vocab_size={self.vocab_size} does not match the backbone's vocab_size={text.vocab_size}. "
@@ -50,10 +69,35 @@ class OutHeadsConfig(PretrainedConfig):
         self.is_encoder_decoder = bool(getattr(text, "is_encoder_decoder", False))
         if self.hidden_scale is None:
             self.hidden_scale = hidden_scale(text)
+        value = self.hidden_scale
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"hidden_scale must be a positive finite number, got {value!r}; omit it to use the "
+                             f"backbone family's default ({hidden_scale(text)}).")
+        self.hidden_scale = float(value)
         self.head_options = dataclasses.asdict(self.build_head_options())
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
+        """As `PretrainedConfig.from_dict` (config.json, `from_pretrained`), but a config without
+        `text_config` or `head_type` (another model's, or hand-written) is an error."""
+        missing = [key for key in ("text_config", "head_type") if config_dict.get(key) is None and kwargs.get(key) is None]
+        if missing:
+            kind = config_dict.get("model_type")
+            raise ValueError(f"This {'`' + kind + '` ' if kind else ''}config has no {' and no '.join(missing)}, so it "
+                             f"is not an hf_outheads config. {FROM_BACKBONE}")
+        return super().from_dict(config_dict, **kwargs)
+
+    def __getattr__(self, name: str):
+        """Called only for attributes this config lacks: the backbone's (see the class docstring)."""
+        text = self.__dict__.get("text_config")
+        if text is None or not_from_backbone(name):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        return getattr(text, name)
 
     def build_head_options(self) -> Any:
         """Parse and validate `head_options` for `head_type` against the backbone's sizes."""
+        if self.text_config is None:
+            raise ValueError(f"This OutHeadsConfig has no text_config (backbone config). {FROM_BACKBONE}")
         options = get_head_class(self.head_type).Options.from_dict(self.head_type, self.head_options)
         options.validate(head_dims(self.text_config))
         return options
