@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokeni
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "training" / "train.py"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+ENV = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 ONE_PROCESS = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 TWO_PROCESSES = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                  "--dynamo_backend", "no", "--main_process_port", "29533"]
@@ -35,8 +35,7 @@ def launch(config: dict, tmp_path: Path, *overrides: str, launch_args=ONE_PROCES
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, str(TRAIN), "--config", str(path), *overrides]
-    env = {**ENV, "ACCELERATE_USE_CPU": "1"} if "--multi_gpu" in launch_args else ENV
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
 

@@ -81,8 +81,10 @@ def test_missing_column_and_empty_split_are_clear_errors():
     raw = DatasetDict({"train": Dataset.from_dict({"content": ["a b c"] * 4}),
                        "validation": Dataset.from_dict({"content": []})})
     opts = options(text_column="text", validation_split="test")
-    train, validation = data_lib.select_splits(raw, opts)  # no 'test' split: 5% of train held out
-    assert len(train) + len(validation) == 4
+    with pytest.raises(ValueError, match=r"Column\(s\) \['text'\] not found; the dataset has \['content'\]"):
+        data_lib.select_splits(raw, opts)  # checked when the splits are chosen, before any tokenizer
+    train, validation = data_lib.select_splits(raw, options(text_column="content", validation_split="test"))
+    assert len(train) + len(validation) == 4  # no 'test' split: 5% of train held out
     with pytest.raises(ValueError, match=r"Column\(s\) \['text'\] not found; the dataset has \['content'\]"):
         data_lib.causal_lm_dataset(train, None, opts)
     with pytest.raises(ValueError, match="Split 'validation' is empty"):

@@ -22,12 +22,20 @@ def _file_format(data_files: dict) -> str:
     return formats.pop()
 
 
+def _check_files_not_empty(data_files: dict) -> None:
+    for split, paths in data_files.items():
+        for path in paths if isinstance(paths, list) else [paths]:
+            if os.path.isfile(path) and os.path.getsize(path) == 0:
+                raise ValueError(f"The {split!r} split is empty: data_files[{split!r}] = {path!r} has no data.")
+
+
 def load_raw(options):
     """The dataset splits named by the options, before tokenisation."""
     if options.dataset_name == BUILTIN:
         raw = load_stdlib_dataset(options.dataset_config or ("text" if options.task == "causal_lm" else "summary"))
         return raw.to_iterable_dataset() if options.streaming else raw
     if options.data_files:
+        _check_files_not_empty(options.data_files)
         return load_dataset(_file_format(options.data_files), data_files=options.data_files, streaming=options.streaming)
     if options.dataset_name:
         return load_dataset(options.dataset_name, options.dataset_config, streaming=options.streaming)
@@ -43,6 +51,7 @@ def select_splits(raw, options) -> tuple:
     if options.train_split not in raw:
         raise ValueError(f"The dataset has no split '{options.train_split}'; it has {list(raw)}.")
     train = raw[options.train_split]
+    require_columns(train, needed_columns(options))  # before a tokenizer is trained on them
     if options.validation_split in raw:
         validation = raw[options.validation_split]
     elif isinstance(train, IterableDataset):
@@ -60,6 +69,12 @@ def select_splits(raw, options) -> tuple:
         if isinstance(split, Dataset) and len(split) == 0:
             raise ValueError(f"Split '{name}' is empty.")
     return train, validation
+
+
+def needed_columns(options) -> list[str]:
+    if options.task == "causal_lm":
+        return [options.text_column]
+    return ["translation"] if options.source_lang else [options.source_column, options.target_column]
 
 
 def require_columns(split, columns: list[str]) -> None:
@@ -105,7 +120,7 @@ def _map(split, function, options, remove_columns):
 def causal_lm_dataset(split, tokenizer, options):
     """Documents tokenised, each ended by eos, concatenated and cut into `block_size` blocks
     (the remainder dropped); labels are the inputs (the model shifts them)."""
-    require_columns(split, [options.text_column])
+    require_columns(split, needed_columns(options))
     block, eos = options.block_size, tokenizer.eos_token_id
 
     def tokenise_and_group(batch):
@@ -119,7 +134,7 @@ def causal_lm_dataset(split, tokenizer, options):
 
 def seq2seq_dataset(split, tokenizer, options):
     """Source ids (truncated to max_source_length) and target ids as labels, both ended by eos."""
-    require_columns(split, ["translation"] if options.source_lang else [options.source_column, options.target_column])
+    require_columns(split, needed_columns(options))
     eos = tokenizer.eos_token_id
 
     def tokenise(batch):

@@ -58,7 +58,10 @@ def evaluate_perplexity(accelerator, model, dataloader, task: str) -> dict:
         tokens += int(count.sum())
         examples += len(count)
     model.train()
-    loss = nll_sum / max(tokens, 1)
+    if tokens == 0:
+        raise ValueError(f"The evaluation covered {examples} examples but 0 label tokens, so it has no perplexity: "
+                         "check the validation split, block_size (>= 2) and max_target_length.")
+    loss = nll_sum / tokens
     return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": tokens, "eval_examples": examples}
 
 

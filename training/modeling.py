@@ -83,3 +83,10 @@ def parameter_counts(model) -> dict[str, int]:
     total = sum(p.numel() for p in model.parameters() if p.requires_grad)
     head = sum(p.numel() for p in model.head.parameters() if p.requires_grad)
     return {"parameters": total, "head_parameters": head}
+
+
+def position_limit(model) -> int | None:
+    """The backbone's number of positions (None for relative-position backbones such as T5):
+    the tokenizer's `model_max_length`."""
+    value = getattr(model.config.text_config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None

@@ -127,6 +127,33 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+BYTE_ALPHABET = 256 + 4  # a byte-level BPE holds every byte plus <pad> <s> </s> <unk>
+MIN_INTEGERS = {"block_size": 2, "max_steps": 1, "stop_after_steps": 1, "per_device_train_batch_size": 1,
+                "per_device_eval_batch_size": 1, "gradient_accumulation_steps": 1, "logging_steps": 1,
+                "save_steps": 0, "eval_steps": 0, "code_reassign_steps": 0, "tokenizer_vocab_size": 5,
+                "tokenizer_min_frequency": 0, "max_source_length": 2, "max_target_length": 1}
+
+
+def check_sizes(options: TrainOptions) -> None:
+    """Integer options in range, the tokenizer size and the head type, before any work starts."""
+    for name, minimum in MIN_INTEGERS.items():
+        value = getattr(options, name)
+        if value is None and FIELDS[name].type.endswith("| None"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"Option {name} must be an integer >= {minimum}, got {value!r}.")
+    if options.tokenizer == "bpe" and options.tokenizer_vocab_size < BYTE_ALPHABET:
+        raise ValueError(f"Option tokenizer_vocab_size={options.tokenizer_vocab_size} is below the byte-level BPE "
+                         f"alphabet: use at least {BYTE_ALPHABET} (256 bytes + 4 special tokens).")
+    from hf_outheads import HEAD_CLASSES
+
+    if options.head_type is None and not options.pretrained:
+        raise ValueError("Option head_type: null (keep the pretrained head) needs pretrained; "
+                         f"choose one of {sorted(HEAD_CLASSES)}.")
+    if options.head_type is not None and options.head_type not in HEAD_CLASSES:
+        raise ValueError(f"Option head_type={options.head_type!r} is not a registered head; valid: {sorted(HEAD_CLASSES)}.")
+
+
 def check_values(options: TrainOptions) -> TrainOptions:
     for name, f in FIELDS.items():
         if f.type.startswith("float") and isinstance(getattr(options, name), (str, int)):  # YAML reads 1e-3 as a string
@@ -140,6 +167,7 @@ def check_values(options: TrainOptions) -> TrainOptions:
         for kind in (dict, list):
             if kind.__name__ == f.type and not isinstance(value, kind):
                 raise ValueError(f"Option {name} must be a {kind.__name__}, got {value!r}.")
+    check_sizes(options)
     return options
 
 

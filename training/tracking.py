@@ -1,11 +1,10 @@
-"""Run bookkeeping: the JSONL metrics log (plus TensorBoard when installed), the training
-progress saved inside every accelerate checkpoint, and finding the checkpoint to resume."""
+"""Run bookkeeping: the JSONL metrics log (plus TensorBoard when installed) and the training
+progress saved as JSON inside every checkpoint (`checkpoints.py`)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,7 +14,7 @@ RESULTS_FILE = "eval_results.json"
 
 @dataclass
 class Progress:
-    """Where training stands; registered with `accelerator.register_for_checkpointing`."""
+    """Where training stands; saved in each checkpoint's `checkpoint.json` (never pickled)."""
 
     step: int = 0  # optimizer steps done
     epoch: int = 0
@@ -37,24 +36,6 @@ def trackers(report_to: str) -> list[str]:
     if report_to == "tensorboard" and not tensorboard_available():
         raise ValueError("report_to=tensorboard, but tensorboard is not installed (pip install tensorboard).")
     return ["tensorboard"] if report_to == "tensorboard" or (report_to == "auto" and tensorboard_available()) else []
-
-
-def checkpoint_number(path: Path) -> int:
-    match = re.fullmatch(r"checkpoint_(\d+)", path.name)
-    return int(match.group(1)) if match else -1
-
-
-def checkpoint_to_resume(output_dir: str, resume: str) -> Path | None:
-    """The latest `output_dir/checkpoints/checkpoint_<n>` for resume='auto', a given path, or None."""
-    if resume == "never":
-        return None
-    if resume != "auto":
-        if not Path(resume).is_dir():
-            raise ValueError(f"resume={resume!r} is not a checkpoint folder.")
-        return Path(resume)
-    folder = Path(output_dir) / "checkpoints"
-    found = sorted((p for p in folder.glob("checkpoint_*") if checkpoint_number(p) >= 0), key=checkpoint_number)
-    return found[-1] if found else None
 
 
 class MetricsLog:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,16 +21,18 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, get_scheduler
 
 from training import data as data_lib
+from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from training.evaluation import evaluate_perplexity, generate_texts, generation_scores, sample_text
-from training.modeling import build_model, parameter_counts
+from training.launching import check_process_count, force_cpu
+from training.loop import train_loop
+from training.modeling import build_model, parameter_counts, position_limit
 from training.options import parse_options
 from training.publish import finish_run
 from training.tokenization import TRAINABLE, load_pretrained_tokenizer, train_tokenizer
-from training.tracking import MetricsLog, Progress, checkpoint_number, checkpoint_to_resume, trackers
+from training.tracking import MetricsLog, Progress, trackers
 
 
 def parse_args(argv=None):
@@ -84,6 +86,7 @@ def make_optimizer(model, options):
 
 
 def total_steps(options, train_dl) -> int:
+    """Optimizer steps: max_steps, or num_train_epochs over this process's prepared dataloader."""
     if options.max_steps is not None:
         return options.max_steps
     if not hasattr(train_dl, "__len__"):
@@ -105,101 +108,32 @@ def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final:
 
 
 def accelerator_for(options) -> Accelerator:
-    project = ProjectConfiguration(project_dir=options.output_dir, automatic_checkpoint_naming=True,
-                                   total_limit=options.save_total_limit)
+    """The Accelerator (gradient accumulation is done by `loop.window_step`, not by accelerate);
+    several processes on a CPU-only machine form a CPU process group (`launching.force_cpu`)."""
     log_with = trackers(options.report_to)
     accelerator = Accelerator(
-        gradient_accumulation_steps=options.gradient_accumulation_steps, mixed_precision=options.mixed_precision,
-        project_config=project, log_with=log_with or None,
+        mixed_precision=options.mixed_precision, cpu=force_cpu(), log_with=log_with or None,
+        project_config=ProjectConfiguration(project_dir=options.output_dir),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
+    check_process_count(accelerator)
     if log_with:
         accelerator.init_trackers("train", config={k: v for k, v in vars(options).items()
                                                    if isinstance(v, (int, float, str, bool))})
     return accelerator
 
 
-def micro_step(accelerator, model, optimizer, scheduler, batch, options):
-    """Forward and backward of one micro-batch; the optimizer steps when accumulation is complete."""
-    with accelerator.accumulate(model):
-        outputs = model(**batch)  # the loss includes the head's auxiliary loss (DOC), if any
-        accelerator.backward(outputs.loss)
-        if accelerator.sync_gradients and options.max_grad_norm:
-            accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-    return outputs
-
-
-class RunningLoss:
-    """Mean training loss (and auxiliary loss, when the head has one) since the last log."""
-
-    def __init__(self, accumulation: int):
-        self.accumulation, self.loss, self.aux, self.steps, self.has_aux = accumulation, 0.0, 0.0, 0, False
-
-    def add(self, outputs) -> None:
-        self.loss += outputs.loss.item() / self.accumulation
-        if outputs.aux_loss is not None:
-            self.has_aux, self.aux = True, self.aux + outputs.aux_loss.item() / self.accumulation
-
-    def record(self, learning_rate: float) -> dict:
-        record = {"train_loss": self.loss / self.steps, "learning_rate": learning_rate}
-        if self.has_aux:
-            record["train_aux_loss"] = self.aux / self.steps
-        self.loss, self.aux, self.steps = 0.0, 0.0, 0
-        return record
-
-
-def epoch_batches(accelerator, train_dl, progress):
-    """This epoch's batches in the seeded order, minus those a resumed run already saw."""
-    if hasattr(train_dl, "set_epoch"):
-        train_dl.set_epoch(progress.epoch)
-    if progress.batches_in_epoch:
-        return accelerator.skip_first_batches(train_dl, progress.batches_in_epoch)
-    return train_dl
-
-
-def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps):
-    """Train until max_steps; returns (interrupted by stop_after_steps, seconds per optimizer step)."""
-    bar = tqdm(total=max_steps, initial=progress.step, disable=not accelerator.is_local_main_process, desc="train")
-    running, step_times, started = RunningLoss(options.gradient_accumulation_steps), [], time.perf_counter()
-    while progress.step < max_steps:
-        for batch in epoch_batches(accelerator, train_dl, progress):
-            running.add(micro_step(accelerator, model, optimizer, scheduler, batch, options))
-            progress.batches_in_epoch += 1
-            if not accelerator.sync_gradients:
-                continue
-            progress.step, running.steps = progress.step + 1, running.steps + 1
-            step_times.append(time.perf_counter() - started)
-            bar.update(1)
-            if progress.step % options.logging_steps == 0 or progress.step == max_steps:
-                record = running.record(scheduler.get_last_lr()[0])
-                log.log(record, progress.step)
-                bar.set_postfix(loss=f"{record['train_loss']:.3f}")
-            for every, hook in hooks:  # periodic evaluation, code-table re-assignment
-                if every and progress.step % every == 0 and progress.step < max_steps:
-                    log.log(hook(), progress.step)
-            stop = options.stop_after_steps is not None and progress.step >= options.stop_after_steps
-            if (options.save_steps and progress.step % options.save_steps == 0) or stop:
-                accelerator.save_state()
-            if stop or progress.step >= max_steps:
-                bar.close()
-                return stop, step_times
-            started = time.perf_counter()
-        progress.epoch, progress.batches_in_epoch = progress.epoch + 1, 0
-    bar.close()
-    return False, step_times
-
-
-def resume_if_any(accelerator, options) -> None:
-    latest = checkpoint_to_resume(options.output_dir, "auto")
-    if latest is not None:  # the next automatic checkpoint needs a new number, or save_state refuses
-        accelerator.project_configuration.iteration = checkpoint_number(latest) + 1
-    checkpoint = checkpoint_to_resume(options.output_dir, options.resume)
+def resume_or_start_fresh(accelerator, options, model, checkpoint) -> Progress:
+    """Progress of the checkpoint loaded into the prepared objects; a fresh run removes the
+    checkpoints another run left in output_dir, so none of them is resumed later."""
     if checkpoint is not None:
-        accelerator.load_state(str(checkpoint))
-        accelerator.print(f"Resumed from {checkpoint}")
+        progress = Progress(**load_checkpoint(accelerator, model, checkpoint))
+        accelerator.print(f"Resumed from {checkpoint} (step {progress.step})")
+        return progress
+    if accelerator.is_main_process:
+        shutil.rmtree(Path(options.output_dir) / "checkpoints", ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return Progress()
 
 
 def prepare_run(options) -> SimpleNamespace:
@@ -208,26 +142,26 @@ def prepare_run(options) -> SimpleNamespace:
     os.makedirs(options.output_dir, exist_ok=True)
     accelerator = accelerator_for(options)
     set_seed(options.seed)
-    resuming = checkpoint_to_resume(options.output_dir, options.resume) is not None
+    checkpoint = checkpoint_to_resume(options.output_dir, options.resume)
     with accelerator.main_process_first():
         train_split, validation_split = data_lib.select_splits(data_lib.load_raw(options), options)
-    tokenizer = get_tokenizer(accelerator, options, train_split, resuming)
+    tokenizer = get_tokenizer(accelerator, options, train_split, checkpoint is not None)
     train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
     model = build_model(options, tokenizer)
+    tokenizer.model_max_length = position_limit(model) or tokenizer.model_max_length  # saved with the model
     model.head.set_word_counts(torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size)))
     if tokenizer.pad_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if options.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    counts, optimizer, max_steps = parameter_counts(model), make_optimizer(model, options), total_steps(options, train_dl)
-    scheduler = get_scheduler(options.lr_scheduler_type, optimizer,  # accelerate steps it once per process
-                              num_warmup_steps=options.warmup_steps * accelerator.num_processes,
-                              num_training_steps=max_steps * accelerator.num_processes)
-    model, optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, eval_dl, scheduler)
+    counts, optimizer = parameter_counts(model), make_optimizer(model, options)
+    model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
+    max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
+    scheduler = accelerator.prepare(get_scheduler(  # accelerate steps it once per process
+        options.lr_scheduler_type, optimizer, num_warmup_steps=options.warmup_steps * accelerator.num_processes,
+        num_training_steps=max_steps * accelerator.num_processes))
     gen_dl = accelerator.prepare(gen_dl) if gen_dl is not None else None
-    progress, log = Progress(), MetricsLog(accelerator, options.output_dir)
-    accelerator.register_for_checkpointing(progress)
-    resume_if_any(accelerator, options)
+    progress, log = resume_or_start_fresh(accelerator, options, model, checkpoint), MetricsLog(accelerator, options.output_dir)
     log.truncate_after(progress.step if progress.step else -1)  # a fresh run starts a fresh log
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
@@ -265,11 +199,15 @@ def training_function(options) -> dict:
     def evaluate():
         return evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
 
+    def save():
+        save_checkpoint(accelerator, run.model, options.output_dir, vars(run.progress), options.save_total_limit)
+
     interrupted, step_times = train_loop(accelerator, options, run.model, run.optimizer, run.scheduler, run.train_dl,
                                          [(options.eval_steps, evaluate), code_table_hook(accelerator, run.model, options)],
-                                         run.log, run.progress, run.max_steps)
+                                         run.log, run.progress, run.max_steps, save)
     if interrupted:
-        accelerator.print(f"Stopped after step {run.progress.step} (stop_after_steps); run again to resume.")
+        accelerator.print(f"Stopped after step {run.progress.step} (stop_after_steps); run the same command again "
+                          "to resume and finish.")
         accelerator.end_training()
         return {"interrupted": True, "step": run.progress.step}
     results = final_results(run, step_times)

@@ -1,0 +1,184 @@
+"""Reliability of the training script (issue 10): atomic checkpoints, resuming without
+unpickling, foreign checkpoints, stop_after_steps, accumulation, option checks, processes.
+In process (tiny runs of about a second) except the launches that need several processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+from tiny import tiny_config
+from training import checkpoints
+from training.evaluation import evaluate_perplexity
+from training.loop import window_step
+from training.options import TrainOptions, check_values, parse_options
+from training.train import training_function
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
+            dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=60, max_eval_samples=10,
+            tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=4,
+            per_device_eval_batch_size=8, learning_rate=1e-3, dropout=0.0, logging_steps=2, report_to="jsonl",
+            max_steps=4, save_steps=2, save_total_limit=1)
+
+
+def run(output_dir, **overrides):
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return training_function(check_values(TrainOptions(**{**TINY, "output_dir": str(output_dir), **overrides})))
+
+
+def interrupted_run(tmp_path, **overrides):
+    out = tmp_path / "out"
+    assert run(out, stop_after_steps=2, **overrides) == {"interrupted": True, "step": 2}
+    return out, out / "checkpoints" / "checkpoint_2"
+
+
+class Planted:
+    """Unpickling it writes a marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def test_rerunning_an_interrupted_command_finishes_the_run(tmp_path, capsys):
+    out, _ = interrupted_run(tmp_path)
+    results = run(out, stop_after_steps=2)  # the same command again
+    assert "eval_perplexity" in results and (out / "model.safetensors").is_file()
+    assert "Resumed from" in capsys.readouterr().out
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 512  # gpt2-tiny positions
+
+
+def test_a_save_killed_half_way_loses_nothing_and_blocks_no_rerun(tmp_path, monkeypatch):
+    out, first = interrupted_run(tmp_path)
+    original = Accelerator.save_state
+
+    def killed(self, output_dir=None, **kwargs):
+        (Path(output_dir) / "optimizer.bin").write_bytes(b"half")
+        raise KeyboardInterrupt  # as if the process died during the save
+
+    monkeypatch.setattr(Accelerator, "save_state", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(out, stop_after_steps=3, save_steps=1)  # save_total_limit 1
+    monkeypatch.setattr(Accelerator, "save_state", original)
+    assert checkpoints.checkpoint_to_resume(out, "auto") == first and (first / "model.safetensors").is_file()
+    (out / "checkpoints" / "checkpoint_9").mkdir()  # half-written, never completed: not resumed
+    results = run(out)
+    assert "eval_perplexity" in results
+    assert [p.name for p in checkpoints.complete_checkpoints(out)] == ["checkpoint_4"]  # pruned after the rename
+
+
+@pytest.mark.parametrize("planted", ["custom_checkpoint_0.pkl", "optimizer.bin"])
+def test_resuming_never_unpickles_code_planted_in_the_checkpoint(tmp_path, planted):
+    out, checkpoint = interrupted_run(tmp_path)
+    assert not list(checkpoint.glob("custom_checkpoint_*"))  # progress is JSON
+    marker = tmp_path / "marker"
+    torch.save(Planted(marker), checkpoint / planted)
+    with pytest.raises(ValueError, match="custom_checkpoint_0.pkl|refused, not unpickled"):
+        run(out)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_both_heads(tmp_path):
+    out, _ = interrupted_run(tmp_path)
+    with pytest.raises(ValueError, match=r"head 'tied'.*head 'mos'.*--resume never.*--output_dir"):
+        run(out, head_type="mos")
+    assert "eval_perplexity" in run(out, head_type="mos", resume="never")
+
+
+def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
+    torch.manual_seed(0)
+    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), head_type="linear"))
+    ids = torch.randint(3, 99, (4, 9), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:2, :7] = -100  # the first micro-batch has far fewer label tokens than the second
+    model(input_ids=ids, labels=labels).loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    AcceleratorState._reset_state(True)
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    options = SimpleNamespace(task="causal_lm", max_grad_norm=None)
+    optimizer.zero_grad = lambda: None  # keep the window's gradients to compare
+    window = [{"input_ids": ids[:2], "labels": labels[:2]}, {"input_ids": ids[2:], "labels": labels[2:]}]
+    loss, _ = window_step(accelerator, model, optimizer, scheduler, window, options)
+    assert loss == pytest.approx(model(input_ids=ids, labels=labels).loss.item(), rel=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], msg=name)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--block_size", "1"], r"block_size must be an integer >= 2, got 1"),
+    (["--max_steps", "0"], r"max_steps must be an integer >= 1, got 0"),
+    (["--max_steps", "2.5"], r"max_steps must be an integer >= 1, got 2.5"),
+    (["--tokenizer", "bpe", "--tokenizer_vocab_size", "100"], r"tokenizer_vocab_size=100 is below the byte-level BPE alphabet: use at least 260"),
+    (["--head_type", "softmaxx"], r"head_type='softmaxx' is not a registered head; valid: \['bilinear'"),
+])
+def test_bad_options_fail_when_parsed_naming_the_option(flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse_options(flags)
+
+
+def test_data_errors_come_before_the_tokenizer_is_trained(tmp_path):
+    with pytest.raises(ValueError, match=r"Column\(s\) \['body'\] not found; the dataset has \['text'"):
+        run(tmp_path / "a", text_column="body")
+    assert not (tmp_path / "a" / "tokenizer.json").exists()
+    (tmp_path / "train.txt").write_text("")
+    (tmp_path / "validation.txt").write_text("some text\n")
+    files = {"train": str(tmp_path / "train.txt"), "validation": str(tmp_path / "validation.txt")}
+    with pytest.raises(ValueError, match=r"The 'train' split is empty"):
+        run(tmp_path / "b", dataset_name=None, data_files=files)
+
+
+def test_an_evaluation_over_no_token_is_an_error():
+    AcceleratorState._reset_state(True)
+    accelerator = Accelerator(cpu=True)
+    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), head_type="tied"))
+    batches = [{"input_ids": torch.tensor([[5, 6]]), "labels": torch.tensor([[-100, -100]])}]
+    with pytest.raises(ValueError, match="0 label tokens"):
+        evaluate_perplexity(accelerator, model, batches, "causal_lm")
+
+
+def launch(tmp_path, launch_args, name, **overrides):
+    import yaml
+
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "output_dir": str(tmp_path / name), "max_steps": None,
+                                      "num_train_epochs": 1, "save_steps": None, **overrides}))
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "training" / "train.py"),
+               "--config", str(config)]
+    done = subprocess.run(command, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-4000:]
+    start = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
+    return start, done.stderr
+
+
+def test_the_documented_two_process_command_starts_two_cpu_processes_and_counts_their_epochs(tmp_path):
+    readme = (ROOT / "training" / "README.md").read_text()
+    assert "accelerate launch --multi_gpu --num_processes 2 training/train.py" in readme
+    one, _ = launch(tmp_path, ["--num_processes", "1"], "one")
+    two, _ = launch(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29541"], "two")
+    assert (one["num_processes"], two["num_processes"]) == (1, 2)
+    assert two["max_steps"] == -(-one["max_steps"] // 2)  # one epoch: half the batches per process
+
+
+def test_a_launch_that_gets_fewer_processes_than_asked_warns(tmp_path):
+    start, stderr = launch(tmp_path, ["--num_processes", "2"], "fewer", max_steps=1, max_train_samples=20)
+    assert start["num_processes"] == 1
+    assert "The launch asked for 2 processes but this run has 1" in stderr and "--multi_gpu" in stderr

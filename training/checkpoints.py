@@ -1,0 +1,126 @@
+"""Checkpoints a run can always resume from: written atomically, never unpickling code, and
+refused when they belong to another model.
+
+Layout: `output_dir/checkpoints/checkpoint_<step>/`, accelerate's `save_state` files (model
+weights as safetensors; optimizer, schedule and RNG states as `torch.save` files, loaded with
+`weights_only=True`) plus `checkpoint.json`, written last: the run's progress and the model's
+identity. A checkpoint is saved into `checkpoints/tmp-checkpoint_<step>`, completed by
+`checkpoint.json`, then renamed (`os.replace`); only then are the oldest complete checkpoints
+beyond `save_total_limit` deleted. A folder without `checkpoint.json` (a save killed half-way,
+a stale `tmp-*`) is never resumed from and never counts towards the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+
+MARKER = "checkpoint.json"
+FORMAT = 1
+
+
+def checkpoint_number(path: Path) -> int:
+    match = re.fullmatch(r"checkpoint_(\d+)", Path(path).name)
+    return int(match.group(1)) if match else -1
+
+
+def is_complete(path: Path) -> bool:
+    return checkpoint_number(path) >= 0 and (Path(path) / MARKER).is_file()
+
+
+def complete_checkpoints(output_dir) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    folder = Path(output_dir) / "checkpoints"
+    return sorted((p for p in folder.glob("checkpoint_*") if is_complete(p)), key=checkpoint_number)
+
+
+def checkpoint_to_resume(output_dir, resume: str) -> Path | None:
+    """The latest complete checkpoint for resume='auto', a given one, or None ('never')."""
+    if resume == "never":
+        return None
+    if resume != "auto":
+        if not (Path(resume) / MARKER).is_file():
+            raise ValueError(f"resume={resume!r} is not a complete checkpoint folder (no {MARKER}); "
+                             "give a checkpoints/checkpoint_<step> folder, 'auto' or 'never'.")
+        return Path(resume)
+    found = complete_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def model_identity(model) -> dict:
+    """What must match for a checkpoint to load into `model`: head, its options, backbone."""
+    config = model.config
+    text = config.text_config
+    return {"head_type": config.head_type, "head_options": config.head_options, "backbone": text.model_type,
+            "vocab_size": config.vocab_size, "parameters": {n: list(p.shape) for n, p in model.state_dict().items()}}
+
+
+def check_identity(path: Path, saved: dict, model) -> None:
+    """Refuse a checkpoint written for another model, naming both and how to start fresh."""
+    current = model_identity(model)
+    different = [key for key in current if saved.get(key) != current[key]]
+    if not different:
+        return
+    describe = lambda i: f"head '{i.get('head_type')}' on a {i.get('backbone')} backbone (vocabulary {i.get('vocab_size')})"
+    raise ValueError(
+        f"The checkpoint {path} belongs to another model: it was written for {describe(saved)}, this run builds "
+        f"{describe(current)} (differing: {', '.join(different)}). Start fresh with --resume never (the old "
+        "checkpoints are then replaced), or use another --output_dir."
+    )
+
+
+def _write_json(path: Path, value: dict) -> None:
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(value, indent=1))
+    os.replace(part, path)
+
+
+def save_checkpoint(accelerator, model, output_dir, progress: dict, total_limit: int | None) -> Path:
+    """Save the accelerate state and `progress` atomically as `checkpoints/checkpoint_<step>`."""
+    folder = Path(output_dir) / "checkpoints"
+    final = folder / f"checkpoint_{progress['step']}"
+    tmp = folder / f"tmp-{final.name}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a killed save
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        identity = model_identity(accelerator.unwrap_model(model))
+        _write_json(tmp / MARKER, {"format": FORMAT, "progress": progress, "model": identity})
+        if final.exists():  # the same step saved again: keep it until the new one is in place
+            old = folder / f"tmp-old-{final.name}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+        complete = complete_checkpoints(output_dir)
+        for stale in complete[: max(len(complete) - total_limit, 0)] if total_limit else []:
+            shutil.rmtree(stale)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator, model, path: Path) -> dict:
+    """Check `path` belongs to `model`, load the accelerate state without unpickling code, and
+    return the saved progress."""
+    saved = json.loads((Path(path) / MARKER).read_text())
+    check_identity(path, saved.get("model", {}), accelerator.unwrap_model(model))
+    planted = sorted(p.name for p in Path(path).glob("custom_checkpoint_*.pkl"))
+    if planted:
+        raise ValueError(f"The checkpoint {path} holds {planted}: pickled objects this script never writes and "
+                         "will not load (unpickling runs code). Delete them, or start fresh with --resume never.")
+    try:
+        accelerator.load_state(str(path), load_kwargs={"weights_only": True})
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"The checkpoint {path} holds a state file that is not plain tensors and numbers; it was "
+                         f"refused, not unpickled ({str(error).splitlines()[0]}). Start fresh with --resume never, "
+                         "or use another --output_dir.") from None
+    return saved["progress"]

@@ -1,0 +1,111 @@
+"""The training loop: optimizer steps over windows of `gradient_accumulation_steps` micro-batches.
+
+Each window's loss is the token mean over the whole window (and over every process), as
+transformers' Trainer computes it: the model gets `num_items_in_batch`, the window's label
+tokens summed over processes, and returns `sum of NLL / num_items_in_batch` per micro-batch.
+A head's auxiliary loss (DOC) is averaged over the window's micro-batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from itertools import islice
+
+import torch
+from tqdm.auto import tqdm
+
+IGNORE_INDEX = -100
+
+
+def loss_tokens(batch, task: str) -> torch.Tensor:
+    """Label tokens the model scores (a causal LM predicts token t + 1 at position t)."""
+    labels = batch["labels"][:, 1:] if task == "causal_lm" else batch["labels"]
+    return (labels != IGNORE_INDEX).sum()
+
+
+def window_step(accelerator, model, optimizer, scheduler, window: list, options) -> tuple[float, float | None]:
+    """Forward and backward of every micro-batch of `window`, then one optimizer step.
+    Returns (the window's mean token NLL over all processes, mean auxiliary loss or None)."""
+    count = accelerator.reduce(sum(loss_tokens(b, options.task) for b in window).to(accelerator.device), "sum")
+    processes, nll_total, aux_total = accelerator.num_processes, 0.0, None
+    for index, batch in enumerate(window):
+        last = index == len(window) - 1  # gradients are all-reduced once, after the last micro-batch
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            outputs = model(**batch, num_items_in_batch=count)
+            aux = outputs.aux_loss if outputs.aux_loss is not None else outputs.loss.new_zeros(())
+            nll = outputs.loss - aux  # this process's share of the window's token mean
+            accelerator.backward(nll * processes + aux / len(window))  # processes' gradients are averaged
+        nll_total += nll.detach()
+        if outputs.aux_loss is not None:
+            aux_total = (aux_total or 0.0) + aux.detach() / len(window)
+    if options.max_grad_norm:
+        accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    nll_total = accelerator.reduce(torch.as_tensor(nll_total, device=accelerator.device), "sum").item()
+    aux_mean = None if aux_total is None else accelerator.reduce(aux_total, "mean").item()
+    return nll_total, aux_mean
+
+
+class RunningLoss:
+    """Mean training loss (and auxiliary loss, when the head has one) since the last log."""
+
+    def __init__(self):
+        self.loss, self.aux, self.steps, self.has_aux = 0.0, 0.0, 0, False
+
+    def add(self, loss: float, aux: float | None) -> None:
+        self.loss, self.steps = self.loss + loss, self.steps + 1
+        if aux is not None:
+            self.has_aux, self.aux = True, self.aux + aux
+
+    def record(self, learning_rate: float) -> dict:
+        record = {"train_loss": self.loss / self.steps, "learning_rate": learning_rate}
+        if self.has_aux:
+            record["train_aux_loss"] = self.aux / self.steps
+        self.loss, self.aux, self.steps = 0.0, 0.0, 0
+        return record
+
+
+def epoch_windows(accelerator, train_dl, progress, size: int):
+    """This epoch's batches in the seeded order, minus those a resumed run already saw, in
+    windows of `size` micro-batches (the last one may be shorter)."""
+    if hasattr(train_dl, "set_epoch"):
+        train_dl.set_epoch(progress.epoch)
+    batches = iter(accelerator.skip_first_batches(train_dl, progress.batches_in_epoch)
+                   if progress.batches_in_epoch else train_dl)
+    while window := list(islice(batches, size)):
+        yield window
+
+
+def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps, save):
+    """Train until max_steps; returns (interrupted by stop_after_steps, seconds per optimizer step).
+    `stop_after_steps` interrupts only a run that started below it, so rerunning finishes."""
+    bar = tqdm(total=max_steps, initial=progress.step, disable=not accelerator.is_local_main_process, desc="train")
+    running, step_times, started = RunningLoss(), [], time.perf_counter()
+    stop_at = options.stop_after_steps if (options.stop_after_steps or 0) > progress.step else None
+    while progress.step < max_steps:
+        for window in epoch_windows(accelerator, train_dl, progress, options.gradient_accumulation_steps):
+            running.add(*window_step(accelerator, model, optimizer, scheduler, window, options))
+            progress.batches_in_epoch += len(window)
+            progress.step += 1
+            step_times.append(time.perf_counter() - started)
+            bar.update(1)
+            if progress.step % options.logging_steps == 0 or progress.step == max_steps:
+                record = running.record(scheduler.get_last_lr()[0])
+                log.log(record, progress.step)
+                bar.set_postfix(loss=f"{record['train_loss']:.3f}")
+            for every, hook in hooks:  # periodic evaluation, code-table re-assignment
+                if every and progress.step % every == 0 and progress.step < max_steps:
+                    log.log(hook(), progress.step)
+            stop = stop_at is not None and progress.step >= stop_at
+            if (options.save_steps and progress.step % options.save_steps == 0) or stop:
+                save()
+            if stop or progress.step >= max_steps:
+                bar.close()
+                return stop, step_times
+            started = time.perf_counter()
+        progress.epoch, progress.batches_in_epoch = progress.epoch + 1, 0
+    bar.close()
+    return False, step_times
