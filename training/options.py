@@ -71,7 +71,8 @@ class TrainOptions:
     warmup_steps: int = opt(0, "Linear warmup steps.")
     num_train_epochs: float = opt(1.0, "Epochs to train when max_steps is not set.")
     max_steps: int | None = opt(None, "Total optimizer steps (overrides num_train_epochs).")
-    stop_after_steps: int | None = opt(None, "Stop this run after this many optimizer steps in total, as if interrupted (for resumption tests).")
+    stop_after_steps: int | None = opt(None, "Stop after this many optimizer steps in total, as if interrupted (for resumption tests); "
+                                        "only a run that starts below it stops, so rerunning finishes.")
     gradient_accumulation_steps: int = opt(1, "Micro-batches accumulated per optimizer step.")
     max_grad_norm: float | None = opt(1.0, "Gradient clipping norm; null disables.")
     mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
