@@ -1,28 +1,51 @@
 """`bilinear`: `s(h) = E W_l h + b`, `W_l` is `d x d_h` (DRILL paper, Eq. 3; Gulordava et al. 2018).
 
 Computed as `E (W_l h)`: `N d d_h` per call instead of `|V| d d_h` for `E W_l`.
+
+Option `init` (from scratch): "identity" (default) starts `W_l` at `I` (`tied`'s scores;
+a `d x d_h` semi-identity when d != d_h); "uniform" is the DRILL
+reference init, uniform(-0.1, 0.1), which starts from a random projection of `h` (departure:
+measured worse on transformer backbones, see training/results).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import initialization as init
 
-from .heads import HeadDims, HeadOptions
-from .softmax import SoftmaxHead
+from .heads import HeadDims, check_choice
+from .softmax import SoftmaxHead, SoftmaxOptions
+
+INITS = ("identity", "uniform")
+
+
+@dataclass
+class BilinearOptions(SoftmaxOptions):
+    """init: "identity" (`W_l = I` + noise: starts as `tied`) or "uniform" (DRILL reference)."""
+
+    init: str = "identity"
+
+    def validate(self, dims: HeadDims) -> None:
+        check_choice("bilinear", "init", self.init, INITS)
 
 
 class BilinearHead(SoftmaxHead):
     head_type = "bilinear"
+    Options = BilinearOptions
 
-    def __init__(self, options: HeadOptions, dims: HeadDims):
+    def __init__(self, options: BilinearOptions, dims: HeadDims):
         super().__init__(options, dims)
         self.proj = nn.Linear(dims.hidden_dim, dims.embed_dim, bias=False)  # W_l
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 
     def reset_parameters(self) -> None:
-        init.uniform_(self.proj.weight, -0.1, 0.1)  # DRILL reference init
+        if self.options.init == "identity":
+            init.copy_(self.proj.weight, torch.eye(*self.proj.weight.shape))
+        else:
+            init.uniform_(self.proj.weight, -0.1, 0.1)  # DRILL reference init
         init.zeros_(self.bias)
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:

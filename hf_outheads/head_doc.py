@@ -76,6 +76,9 @@ class DOCOptions(MixtureOptions):
     components: list = field(default_factory=lambda: [[-1, 15], [-2, 5]])
     regularizer_weight: float = 0.001
     middle_layer_norm: bool = True
+    tied: bool = False
+    latent_activation: str = "identity"
+    latent_init: str = "identity"
 
     def __post_init__(self):
         self.components = component_pairs(self.components)

@@ -44,6 +44,9 @@ from .mixture import MixtureHead, MixtureOptions, check_int
 @dataclass
 class MoSOptions(MixtureOptions):
     num_components: int = 15
+    tied: bool = False
+    latent_activation: str = "identity"
+    latent_init: str = "identity"
 
     def validate(self, dims: HeadDims) -> None:
         check_int("mos", 1, num_components=self.num_components)

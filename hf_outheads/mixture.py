@@ -25,6 +25,8 @@ from .heads import (IGNORE_INDEX, HeadDims, HeadInputs, HeadOptions, HeadOutput,
 from .losses import linear_cross_entropy
 
 ACTIVATIONS = ("tanh", "identity")
+LATENT_INITS = ("identity", "uniform")
+IDENTITY_INIT_STD = 0.02  # noise on `W_n = I` that lets identical components drift apart
 DROPOUT_KINDS = ("locked", "standard")
 MIX_CHUNK_ELEMENTS = 2**24  # per chunk of the `rows x J x |V|` scores when full log-probs are needed
 
@@ -44,6 +46,7 @@ class MixtureOptions(HeadOptions):
     latent_activation: str = "tanh"  # "tanh" (MoS, reference codes) or "identity" (DOC paper Eq. 11 as printed)
     latent_dropout: float = 0.0  # rate on the latents; MoS PTB 0.29, DOC 0.6 (see the heads' docstrings)
     dropout_kind: str = "locked"  # "locked": one mask per sequence reused at every time step; "standard"
+    latent_init: str = "uniform"  # "uniform": reference init; "identity": W_n = I + noise, b_n = 0, uniform prior
 
     def check_mixture(self, head_type: str, dims: HeadDims) -> None:
         if self.latent_dim is not None:
@@ -58,6 +61,7 @@ class MixtureOptions(HeadOptions):
         check_choice(head_type, "latent_activation", self.latent_activation, ACTIVATIONS)
         check_probability(head_type, latent_dropout=self.latent_dropout)
         check_choice(head_type, "dropout_kind", self.dropout_kind, DROPOUT_KINDS)
+        check_choice(head_type, "latent_init", self.latent_init, LATENT_INITS)
 
 
 def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -117,13 +121,26 @@ class MixtureHead(OutputHead):
         return tuple(sorted({layer for layer, _ in self.groups if layer != self.dims.num_layers}))
 
     def reset_parameters(self) -> None:
-        """Reference init: torch's default Linear init for prior and latents, uniform(-0.1, 0.1)
-        for an untied output matrix, zero output bias."""
-        bound = self.dims.hidden_dim**-0.5
-        for tensor in [self.prior.weight] + [p for linear in self.latents for p in linear.parameters()]:
-            init.uniform_(tensor, -bound, bound)
-        if self.weight is not None:
-            init.uniform_(self.weight, -0.1, 0.1)
+        """`latent_init="uniform"`, the reference init: torch's default Linear init for prior and
+        latents, uniform(-0.1, 0.1) for an untied output matrix. `"identity"`: every latent map
+        starts at `I + N(0, 0.02^2)` (a component scores about what `tied` scores), latent biases
+        and the prior at zero (a uniform prior), an untied `W` at N(0, 0.02^2). Output bias zero."""
+        if self.options.latent_init == "identity":
+            eye = torch.eye(self.latent_size, self.dims.hidden_dim)
+            init.zeros_(self.prior.weight)
+            for (_, count), linear in zip(self.groups, self.latents):
+                init.normal_(linear.weight, 0.0, IDENTITY_INIT_STD)
+                with torch.no_grad():
+                    linear.weight.add_(eye.repeat(count, 1).to(linear.weight))
+                init.zeros_(linear.bias)
+            if self.weight is not None:
+                init.normal_(self.weight, 0.0, 0.02)
+        else:
+            bound = self.dims.hidden_dim**-0.5
+            for tensor in [self.prior.weight] + [p for linear in self.latents for p in linear.parameters()]:
+                init.uniform_(tensor, -bound, bound)
+            if self.weight is not None:
+                init.uniform_(self.weight, -0.1, 0.1)
         init.zeros_(self.bias)
 
     def layer_state(self, inputs: HeadInputs, layer: int) -> torch.Tensor:
@@ -183,8 +200,8 @@ class MixtureHead(OutputHead):
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """Every last-layer component becomes the original head (`W_out A = weight`, latent bias
         0); identical components mix to exactly that softmax whatever the prior, so the prior
-        keeps its random init, which makes the components' gradients differ (a zero prior would
-        keep them identical forever). Exact (returns True) only with `latent_activation="identity"`,
+        gets the reference random init, which makes the components' gradients differ (a zero
+        prior would keep them identical forever). Exact (returns True) only with `latent_activation="identity"`,
         no middle-layer components, and either `tied=False` with `latent_dim >= d_h` or `tied=True`
         on a tied original with `d == d_h`. Otherwise approximate (returns False):
           - `tied=True` on an untied original (or d != d_h): `A` is the least-squares fit of E A = weight;
@@ -197,6 +214,8 @@ class MixtureHead(OutputHead):
         d, d_h = self.latent_size, self.dims.hidden_dim
         exact = self.options.latent_activation == "identity"
         self.bias.copy_(bias)
+        bound = d_h**-0.5  # a random prior whatever `latent_init` (identity's is uniform: zero)
+        self.prior.weight.uniform_(-bound, bound)
         if self.weight is None:
             if d == d_h and weight.shape == embeddings.shape and torch.equal(weight, embeddings):
                 latent_map = torch.eye(d, dtype=torch.float32, device=weight.device)

@@ -122,7 +122,7 @@ def test_model_loss_adds_the_regulariser():
 
 def test_one_locked_mask_shared_by_all_components_and_time_steps():
     dims = HeadDims(vocab_size=11, embed_dim=6, hidden_dim=6, num_layers=2)
-    head = DOCHead(DOCOptions(components=[[-1, 2], [1, 2], [0, 1]], latent_dropout=0.5), dims)
+    head = DOCHead(DOCOptions(components=[[-1, 2], [1, 2], [0, 1]], latent_dropout=0.5, latent_activation="tanh"), dims)
     head.reset_parameters()
     with torch.no_grad():
         for linear in head.latents:
@@ -176,7 +176,7 @@ def test_components_survive_json_and_save_load(tmp_path):
         ({"components": "last"}, "list of \\[layer, count\\] pairs"),
         ({"regularizer_weight": -1.0}, "regularizer_weight"),
         ({"middle_layer_norm": 1}, "middle_layer_norm"),
-        ({"latent_dim": 8}, "tied=True.*latent_dim"),
+        ({"latent_dim": 8, "tied": True}, "tied=True.*latent_dim"),
     ],
 )
 def test_invalid_options_are_named(options, message):
@@ -184,9 +184,10 @@ def test_invalid_options_are_named(options, message):
         OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="doc", head_options=options)
 
 
-def test_defaults_are_the_papers():
+def test_defaults_are_the_papers_except_the_measured_latent_form():
     options = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="doc").head_options
     assert options["components"] == [[-1, 15], [-2, 5]] and options["regularizer_weight"] == 0.001
+    assert (options["tied"], options["latent_activation"], options["latent_init"]) == (False, "identity", "identity")
 
 
 def test_conversion_exact_only_without_middle_layers():

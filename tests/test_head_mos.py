@@ -86,7 +86,8 @@ def test_exact_training_loss_equals_loss_of_the_logits():
 
 def make_head(kind="locked", rate=0.5, components=4, d=6):
     dims = HeadDims(vocab_size=11, embed_dim=d, hidden_dim=d, num_layers=2)
-    head = MoSHead(MoSOptions(num_components=components, latent_dropout=rate, dropout_kind=kind), dims)
+    head = MoSHead(MoSOptions(num_components=components, latent_dropout=rate, dropout_kind=kind,
+                              latent_activation="tanh"), dims)
     head.reset_parameters()
     with torch.no_grad():  # constant latents tanh(1): what latent_states returns is the dropout mask
         head.latents[0].weight.zero_()
@@ -123,8 +124,9 @@ def test_locked_mask_per_component_shared_over_time():
     [
         ({"num_components": 0}, "num_components"),
         ({"num_components": 2.5}, "num_components"),
-        ({"latent_dim": 16}, "tied=True.*latent_dim"),
-        ({"latent_dim": 0, "tied": False}, "latent_dim"),
+        ({"latent_dim": 16, "tied": True}, "tied=True.*latent_dim"),
+        ({"latent_dim": 0}, "latent_dim"),
+        ({"latent_init": "zeros"}, "latent_init"),
         ({"latent_activation": "relu"}, "latent_activation"),
         ({"latent_dropout": 1.0}, "latent_dropout"),
         ({"dropout_kind": "variational"}, "dropout_kind"),
@@ -141,8 +143,8 @@ def test_untied_latent_dim_and_saved_defaults():
     model = build("gpt2", tied=False, latent_dim=16)
     assert model.head.weight.shape == (99, 16) and model.head.latents[0].weight.shape == (3 * 16, 32)
     defaults = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos").head_options
-    assert defaults == {"latent_dim": None, "tied": True, "latent_activation": "tanh", "latent_dropout": 0.0,
-                        "dropout_kind": "locked", "num_components": 15}
+    assert defaults == {"latent_dim": None, "tied": False, "latent_activation": "identity", "latent_dropout": 0.0,
+                        "dropout_kind": "locked", "latent_init": "identity", "num_components": 15}
 
 
 def convert(name, **options):
@@ -160,11 +162,11 @@ def convert(name, **options):
 @pytest.mark.parametrize(
     "name, options",
     [
-        ("gpt2", {"latent_activation": "identity"}),  # tied original, tied components: E I h
-        ("gpt2", {"latent_activation": "identity", "tied": False}),
+        ("gpt2", {"tied": True}),  # tied original, tied components: E I h
+        ("gpt2", {}),  # the defaults: untied, identity latents
         ("llama", {"latent_activation": "identity", "tied": False}),  # untied original
         ("bart", {"latent_activation": "identity", "tied": False, "latent_dim": 40}),  # [W, 0] [I; 0]
-        ("t5", {"latent_activation": "identity"}),  # hidden_scale
+        ("t5", {"tied": True}),  # hidden_scale
     ],
 )
 def test_conversion_is_exact_with_identity_latents(name, options):
@@ -178,10 +180,10 @@ def test_conversion_is_exact_with_identity_latents(name, options):
 @pytest.mark.parametrize(
     "name, options, bound",
     [
-        ("gpt2", {"tied": False}, 1e-3),  # tanh(eps h) / eps: measured 7e-5
-        ("llama", {"tied": False}, 1e-3),  # measured 5e-5
-        ("llama", {"latent_activation": "identity"}, None),  # least-squares E A ~ W
-        ("gpt2", {}, None),  # tanh with tied E cannot be rescaled: measured 0.5
+        ("gpt2", {"latent_activation": "tanh"}, 1e-3),  # tanh(eps h) / eps: measured 7e-5
+        ("llama", {"latent_activation": "tanh"}, 1e-3),  # measured 5e-5
+        ("llama", {"tied": True}, None),  # least-squares E A ~ W
+        ("gpt2", {"tied": True, "latent_activation": "tanh"}, None),  # tanh with tied E cannot be rescaled: measured 0.5
         ("llama", {"tied": False, "latent_dim": 16, "latent_activation": "identity"}, None),  # rank 16 < 32
     ],
 )
@@ -193,7 +195,7 @@ def test_conversion_approximations_say_so(name, options, bound):
 
 def test_converted_components_diverge_after_one_step():
     """Identical components with a random prior: exact at step 0, yet gradients differ per component."""
-    _, model, exact, _ = convert("gpt2", latent_activation="identity")
+    _, model, exact, _ = convert("gpt2")
     assert exact and model.head.prior.weight.abs().sum() > 0
     rows = model.head.latents[0].weight.detach().view(3, 32, 32).clone()
     assert torch.equal(rows[0], rows[1])

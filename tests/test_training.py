@@ -147,6 +147,6 @@ def test_head_comparison_trains_each_head_and_writes_the_table(tmp_path):
     table = (tmp_path / "out" / "results.md").read_text()
     assert table.startswith("Command: `python ") and "| tied |" in table and "| bilinear |" in table
     rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
-    assert [row["head"] for row in rows] == ["tied", "bilinear"]
-    assert rows[0]["head_parameters"] < rows[1]["head_parameters"] and all(row["eval_perplexity"] > 1 for row in rows)
-    assert (tmp_path / "out" / "comparison.png").is_file() and (tmp_path / "out" / "bilinear" / "README.md").is_file()
+    assert [row["name"] for row in rows] == ["tied", "bilinear"]
+    assert rows[0]["head_parameters"] < rows[1]["head_parameters"] and all(row["eval_perplexity"][0] > 1 for row in rows)
+    assert (tmp_path / "out" / "curves.png").is_file() and (tmp_path / "out" / "bilinear" / "seed42" / "README.md").is_file()

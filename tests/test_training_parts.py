@@ -15,7 +15,6 @@ from transformers import GPT2Config
 
 from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM
 from training import data as data_lib
-from training import compare_heads
 from training.evaluation import generation_scores
 from training.options import FIELDS, TrainOptions, parse_options
 from training.publish import push_to_hub, render_card
@@ -176,22 +175,6 @@ def test_push_to_hub_uploads_the_card_after_the_model(tmp_path, monkeypatch):
     last_readme = max(i for i, files in enumerate(commits) if "README.md" in files)
     assert commits[last_readme]["README.md"] == (tmp_path / "README.md").read_bytes()
     assert last_readme > max(i for i, files in enumerate(commits) if "model.safetensors" in files)
-
-
-def test_comparison_rejects_unregistered_heads_before_training(tmp_path):
-    with pytest.raises(SystemExit, match=r"\['no_such_head'\] are not registered.*Registered heads: \["):
-        compare_heads.main(["--heads", "tied,no_such_head", "--output_dir", str(tmp_path)])
-    assert not any(tmp_path.iterdir())
-
-
-def test_comparison_table_has_a_row_per_head():
-    rows = [{"head": "tied", "eval_perplexity": 50.0, "parameters": 1000, "head_parameters": 10, "train_step_time_s": 0.1},
-            {"head": "bilinear", "eval_perplexity": 45.0, "parameters": 1100, "head_parameters": 110, "train_step_time_s": 0.12},
-            {"head": "broken", "error": "ValueError: bad option"}]
-    table = compare_heads.markdown_table(rows, "tied")
-    assert "| bilinear | 45.00 |  |  | 1,100 | 110 | 0.120 | 1.20x |" not in table  # BLEU columns only when present
-    assert "| bilinear | 45.00 | 1,100 | 110 | 0.120 | 1.20x |" in table and "| broken | failed: ValueError" in table
-    assert set(HEAD_CLASSES) >= {"tied", "linear", "bilinear"}
 
 
 def test_heads_that_learn_a_code_table_get_reassigned_through_their_capability():

@@ -1,14 +1,18 @@
-"""Which head helps on my data? Train the same backbone on the same data, with the same
-budget and seeds, once per head, and tabulate validation perplexity (and BLEU/chrF for
-seq2seq), parameter counts and step time.
+"""Which head helps on my data? Train the same backbone on the same data and budget once per
+head (or head variant) and seed, and tabulate validation perplexity (BLEU/chrF for seq2seq)
+as mean ± std over seeds, the learning curves, and perplexity against training seconds.
 
     python training/compare_heads.py --config training/configs/compare_stdlib_lm.yaml \\
-        --heads tied,linear,bilinear --output_dir outputs/compare [--key value ...]
+        --heads tied,drill,mos --seeds 1,2,3 --jobs 2 --output_dir outputs/compare
 
-Each head is a separate `accelerate launch training/train.py` run (its options from the
-config's `head_options_by_head`), in `<output_dir>/<head>/` with its resolved config, log
-and model card. The comparison is written to `<output_dir>/results.md`, `results.json`
-and `comparison.png` (with matplotlib).
+`--heads` lists run names. A name is a head type, or a key of the config's
+`head_options_by_head` whose options hold `head_type` (a variant, e.g.
+`mos-paper: {head_type: mos, latent_init: uniform}`). Every (name, seed) run is a separate
+`accelerate launch training/train.py` in `<output_dir>/<name>/seed<seed>/`; a run whose
+results exist is reused, so a killed comparison resumes where it stopped. With `--jobs N`,
+N runs train at once, each with `cores / N` torch threads. Written: `results.md`,
+`results.json`, `curves.png` (perplexity per evaluation, mean and range over seeds) and
+`walltime.png` (the same against cumulated training seconds).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import dataclasses
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` importable when run as a script
@@ -30,105 +35,155 @@ from training.options import parse_options
 from training.tracking import RESULTS_FILE, read_metrics
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent / "train.py"
-COLUMNS = [  # (result key, column title, format)
-    ("eval_perplexity", "val. perplexity", "{:.2f}"),
-    ("eval_sacrebleu", "BLEU", "{:.2f}"),
-    ("eval_chrf", "chrF", "{:.2f}"),
-    ("parameters", "parameters", "{:,}"),
-    ("head_parameters", "head parameters", "{:,}"),
-    ("train_step_time_s", "step time (s)", "{:.3f}"),
-]
+METRICS = [("eval_perplexity", "val. perplexity"), ("eval_sacrebleu", "BLEU"), ("eval_chrf", "chrF")]
+HIGHER_IS_BETTER = {"eval_sacrebleu", "eval_chrf"}
 
 
 def add_flags(parser):
-    parser.add_argument("--heads", required=True, help="Comma-separated head types to compare, e.g. tied,linear,bilinear.")
+    parser.add_argument("--heads", required=True, help="Comma-separated run names: head types or variants (see above).")
+    parser.add_argument("--seeds", default=None, help="Comma-separated seeds (default: the config's seed).")
+    parser.add_argument("--jobs", type=int, default=1, help="Runs trained at once (each gets cores / jobs threads).")
     parser.add_argument("--launch_args", default="--num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no",
                         help="Arguments for `accelerate launch` before the script (quote them as one string).")
-    parser.add_argument("--no_plot", action="store_true", help="Skip comparison.png even if matplotlib is installed.")
+    parser.add_argument("--no_plot", action="store_true", help="Skip the plots even if matplotlib is installed.")
 
 
-def check_heads(heads: list[str]) -> None:
+def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
+    """name -> (head type, head options); unknown head types fail before anything trains."""
     from hf_outheads import HEAD_CLASSES
 
-    unknown = [head for head in heads if head not in HEAD_CLASSES]
+    specs = {}
+    for name in names:
+        entry = dict(options.head_options_by_head.get(name, {}))
+        specs[name] = (entry.pop("head_type", name), {**entry, **options.head_options})
+    unknown = sorted({head for head, _ in specs.values() if head not in HEAD_CLASSES})
     if unknown:
         raise SystemExit(f"Head(s) {unknown} are not registered in hf_outheads.HEAD_CLASSES. "
-                         f"Registered heads: {sorted(HEAD_CLASSES)}.")
+                         f"Registered heads: {sorted(HEAD_CLASSES)}. A variant name needs `head_type` in "
+                         "head_options_by_head.")
+    return specs
 
 
-def run_head(options, head: str, launch_args: str) -> dict:
-    """Train one head in a subprocess; its eval_results.json plus wall time, or the error."""
-    run_dir = Path(options.output_dir) / head
+def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: str, threads: int) -> dict:
+    """Train one (name, seed) in a subprocess, or reuse its finished results."""
+    run_dir = Path(options.output_dir) / name / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-    config.update(head_type=head, output_dir=str(run_dir), resume="never", push_to_hub=False)
-    (run_dir / "train_config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), str(TRAIN_SCRIPT),
-               "--config", str(run_dir / "train_config.yaml")]
-    print(f"=== {head}: {' '.join(command)}", flush=True)
-    started = time.perf_counter()
-    with (run_dir / "train.log").open("w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if done.returncode != 0:
-        tail = (run_dir / "train.log").read_text().strip().splitlines()[-5:]
-        print(f"=== {head} failed:\n" + "\n".join(tail), flush=True)
-        return {"head": head, "error": tail[-1] if tail else f"exit code {done.returncode}"}
-    results = json.loads((run_dir / RESULTS_FILE).read_text())
-    return {"head": head, "wall_time_s": time.perf_counter() - started, **results}
+    config.update(head_type=spec[0], head_options=spec[1], head_options_by_head={}, seed=seed,
+                  output_dir=str(run_dir), resume="never", push_to_hub=False)
+    text = yaml.safe_dump(config, sort_keys=False)
+    config_path, results_path = run_dir / "train_config.yaml", run_dir / RESULTS_FILE
+    if results_path.exists() and config_path.exists() and config_path.read_text() == text:
+        print(f"=== {name} seed {seed}: reusing {results_path}", flush=True)
+    else:
+        results_path.unlink(missing_ok=True)
+        config_path.write_text(text)
+        command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), str(TRAIN_SCRIPT),
+                   "--config", str(config_path)]
+        print(f"=== {name} seed {seed}: {' '.join(command)}", flush=True)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+        with (run_dir / "train.log").open("w") as log:
+            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if done.returncode != 0:
+            tail = (run_dir / "train.log").read_text().strip().splitlines()[-5:]
+            print(f"=== {name} seed {seed} failed:\n" + "\n".join(tail), flush=True)
+            return {"name": name, "seed": seed, "error": tail[-1] if tail else f"exit code {done.returncode}"}
+    curve = [{k: r[k] for k in ("step", "train_seconds", *dict(METRICS)) if k in r}
+             for r in read_metrics(run_dir) if any(m in r for m in dict(METRICS))]
+    return {"name": name, "head": spec[0], "head_options": spec[1], "seed": seed,
+            **json.loads(results_path.read_text()), "curve": curve}
 
 
-def markdown_table(rows: list[dict], baseline: str | None) -> str:
-    columns = [c for c in COLUMNS if any(c[0] in row for row in rows)]
-    base = next((r for r in rows if r["head"] == baseline and "train_step_time_s" in r), None)
-    header = ["head", *[title for _, title, _ in columns]] + (["step time vs " + baseline] if base else [])
+def mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarise(runs: list[dict], baseline: str) -> list[dict]:
+    """One row per name: mean and std over seeds of every metric, sizes and step time."""
+    rows = []
+    for name in dict.fromkeys(r["name"] for r in runs):
+        done = [r for r in runs if r["name"] == name and "error" not in r]
+        row = {"name": name, "seeds": [r["seed"] for r in done],
+               "errors": [r["error"] for r in runs if r["name"] == name and "error" in r]}
+        if done:
+            row.update(head=done[0]["head"], head_options=done[0]["head_options"],
+                       parameters=done[0]["parameters"], head_parameters=done[0]["head_parameters"],
+                       train_step_time_s=mean_std([r["train_step_time_s"] for r in done])[0])
+            for key, _ in METRICS:
+                if all(key in r for r in done):
+                    row[key] = mean_std([r[key] for r in done])
+        rows.append(row)
+    base = next((row for row in rows if row["name"] == baseline and "parameters" in row), None)
+    for row in rows:
+        for key, _ in METRICS:
+            if base and key in row and key in base:
+                row[f"{key}_vs_{baseline}"] = row[key][0] / base[key][0] - 1.0
+    return rows
+
+
+def markdown_table(rows: list[dict], baseline: str) -> str:
+    metrics = [(key, title) for key, title in METRICS if any(key in row for row in rows)]
+    base = next((row for row in rows if row["name"] == baseline and "train_step_time_s" in row), None)
+    header = ["run", "head", "seeds", *[f"{title} (mean ± std)" for _, title in metrics],
+              *[f"{title} vs {baseline}" for _, title in metrics], "parameters", "head parameters", "step time (s)"]
+    header += [f"step time vs {baseline}"] if base else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        if "error" in row:
-            lines.append(f"| {row['head']} | failed: {row['error']} |")
+        if "parameters" not in row:
+            lines.append(f"| {row['name']} | failed: {'; '.join(row['errors'])} |")
             continue
-        cells = [row["head"], *[fmt.format(row[key]) if key in row else "" for key, _, fmt in columns]]
+        cells = [row["name"], row["head"], str(len(row["seeds"]))]
+        cells += [f"{row[k][0]:.2f} ± {row[k][1]:.2f}" if k in row else "" for k, _ in metrics]
+        cells += [f"{100 * row[f'{k}_vs_{baseline}']:+.1f}%" if f"{k}_vs_{baseline}" in row else "" for k, _ in metrics]
+        cells += [f"{row['parameters']:,}", f"{row['head_parameters']:,}", f"{row['train_step_time_s']:.3f}"]
         if base:
             cells.append(f"{row['train_step_time_s'] / base['train_step_time_s']:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], output_dir: Path) -> Path | None:
-    """Validation perplexity against steps, one line per head."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, axis = plt.subplots(figsize=(7, 4))
-    for row in rows:
-        points = [(r["step"], r["eval_perplexity"]) for r in read_metrics(output_dir / row["head"]) if "eval_perplexity" in r]
-        if points:
-            axis.plot(*zip(*points), "o-", label=row["head"])
-    axis.set(xlabel="optimizer step", ylabel="validation perplexity", yscale="log", title="Heads compared")
-    axis.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
-    fig.savefig(output_dir / "comparison.png", dpi=100)
-    plt.close(fig)
-    return output_dir / "comparison.png"
+def curve_table(runs: list[dict], key: str = "eval_perplexity") -> str:
+    """Mean over seeds of `key` at every evaluation step, one column per run name."""
+    names = list(dict.fromkeys(r["name"] for r in runs if "curve" in r))
+    points: dict[int, dict[str, list[float]]] = {}
+    for run in (r for r in runs if "curve" in r):
+        for point in run["curve"]:
+            if key in point:
+                points.setdefault(point["step"], {}).setdefault(run["name"], []).append(point[key])
+    lines = ["| step | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for step in sorted(points):
+        cells = [f"{statistics.fmean(points[step][n]):.2f}" if n in points[step] else "" for n in names]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     options = parse_options(argv, description=__doc__, extra=add_flags)
-    heads = [h.strip() for h in options.extra["heads"].split(",") if h.strip()]
-    check_heads(heads)
+    extra = options.extra
+    names = [h.strip() for h in extra["heads"].split(",") if h.strip()]
+    seeds = [int(s) for s in extra["seeds"].split(",")] if extra["seeds"] else [options.seed]
+    specs = run_specs(options, names)
+    jobs = max(1, extra["jobs"])
+    threads = max(1, (os.cpu_count() or 1) // jobs)
     output_dir = Path(options.output_dir)
-    rows = [run_head(options, head, options.extra["launch_args"]) for head in heads]
-    baseline = "tied" if "tied" in heads else heads[0]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = list(pool.map(lambda job: run_one(options, job[0], specs[job[0]], job[1], extra["launch_args"], threads),
+                             [(name, seed) for name in names for seed in seeds]))
+    baseline = "tied" if "tied" in names else names[0]
+    rows = summarise(runs, baseline)
     command = "python " + " ".join(shlex.quote(a) for a in (sys.argv if argv is None else [__file__, *argv]))
-    table = markdown_table(rows, baseline)
-    (output_dir / "results.md").write_text(f"Command: `{command}`\n\n{table}")
-    (output_dir / "results.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
-    if not options.extra["no_plot"]:
-        plot([r for r in rows if "error" not in r], output_dir)
-    print(table)
+    metric = "eval_perplexity" if any("eval_perplexity" in r for r in rows) else METRICS[1][0]
+    text = (f"Command: `{command}`\n\nSeeds: {seeds}. Differences against `{baseline}` are of the means.\n\n"
+            f"{markdown_table(rows, baseline)}\nMean {metric} at every evaluation:\n\n{curve_table(runs, metric)}")
+    (output_dir / "results.md").write_text(text)
+    (output_dir / "results.json").write_text(json.dumps({"command": command, "seeds": seeds, "rows": rows,
+                                                          "runs": runs}, indent=1) + "\n")
+    if not extra["no_plot"]:
+        from training.study_plots import plot_curves
+
+        plot_curves(runs, output_dir, metric)
+    print(text)
     print(f"Written: {output_dir / 'results.md'}, {output_dir / 'results.json'}")
     return rows
 

@@ -98,7 +98,7 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}")
             for every, hook in hooks:  # periodic evaluation, code-table re-assignment
                 if every and progress.step % every == 0 and progress.step < max_steps:
-                    log.log(hook(), progress.step)
+                    log.log({**hook(), "train_seconds": sum(step_times)}, progress.step)
             stop = stop_at is not None and progress.step >= stop_at
             if (options.save_steps and progress.step % options.save_steps == 0) or stop:
                 save()

@@ -35,7 +35,7 @@ class TrainOptions:
     head_options_by_head: dict = opt({}, "Options per head type, {head_type: {option: value}}, used for the chosen head "
                                      "under head_options (lets compare_heads.py run several heads from one file).")
     # data
-    dataset_name: str | None = opt(None, "Hub dataset (e.g. wikitext, ptb_text_only, iwslt2017, wmt14) or 'stdlib_docstrings' (built in, offline).")
+    dataset_name: str | None = opt(None, "Hub dataset (e.g. wikitext, ptb_text_only, iwslt2017, wmt14), 'stdlib_docstrings' (built in, offline) or 'debian_manpages' (built from Debian's manpages packages).")
     dataset_config: str | None = opt(None, "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text' or 'summary' for stdlib_docstrings.")
     data_files: dict = opt({}, "Local files per split, e.g. {train: a.txt, validation: b.txt}; format from the extension (txt/json/jsonl/csv).")
     streaming: bool = opt(False, "Stream the dataset instead of downloading/preparing it whole (needs max_steps).")
@@ -64,6 +64,8 @@ class TrainOptions:
     per_device_train_batch_size: int = opt(16, "Training batch size per process.")
     per_device_eval_batch_size: int = opt(32, "Evaluation batch size per process.")
     learning_rate: float = opt(5e-4, "Peak learning rate of AdamW.")
+    head_learning_rate: float | None = opt(None, "Peak learning rate of the output head's own parameters "
+                                           "(not the shared embedding E); null: learning_rate.")
     weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and norms).")
     adam_beta1: float = opt(0.9, "AdamW beta1.")
     adam_beta2: float = opt(0.999, "AdamW beta2.")

@@ -78,10 +78,16 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
 
 
 def make_optimizer(model, options):
-    """AdamW; no weight decay on biases, norms and embeddings' 1-d parameters."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": options.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """AdamW; no weight decay on 1-d parameters (biases, norms); the head's own parameters
+    (not the shared embedding E) at `head_learning_rate` when it is set."""
+    head = {id(p) for p in model.head.parameters()}
+    groups = []
+    for in_head, lr in ((False, options.learning_rate), (True, options.head_learning_rate or options.learning_rate)):
+        for matrix, decay in ((True, options.weight_decay), (False, 0.0)):
+            params = [p for p in model.parameters()
+                      if p.requires_grad and (id(p) in head) == in_head and (p.ndim >= 2) == matrix]
+            if params:
+                groups.append({"params": params, "weight_decay": decay, "lr": lr})
     return torch.optim.AdamW(groups, lr=options.learning_rate, betas=(options.adam_beta1, options.adam_beta2))
 
 
@@ -211,7 +217,8 @@ def training_function(options) -> dict:
         accelerator.end_training()
         return {"interrupted": True, "step": run.progress.step}
     results = final_results(run, step_times)
-    run.log.log({"event": "final", **{k: v for k, v in results.items() if k not in ("samples", "sample")}}, run.progress.step)
+    run.log.log({"event": "final", "train_seconds": sum(step_times),
+                 **{k: v for k, v in results.items() if k not in ("samples", "sample")}}, run.progress.step)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         finish_run(accelerator.unwrap_model(run.model), run.tokenizer, options, results)

@@ -1,0 +1,132 @@
+"""A second real-text corpus built from a package registry: the Linux man-pages project's
+manual pages, from Debian's `manpages` and `manpages-dev` packages (system calls, library
+functions, file formats, overviews; about 2,500 pages, 5 million characters of English).
+
+The packages are fetched with `apt-get download` (Debian's package archive, no Hub) into a
+cache folder, unpacked in Python (a `.deb` is an `ar` archive holding `data.tar.*`) and each
+page's roff source is turned into plain text: comments and layout requests dropped, font
+requests (`.B`, `.BR`, ...) and escapes (`\\fB`, `\\-`, `\\(em`, ...) resolved to their text.
+One record per page, `"<name>(<section>)\\n<text>"`; the split is by a hash of the file name.
+Nothing of the packages is executed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import re
+import shlex
+import subprocess
+import tarfile
+from pathlib import Path
+
+PACKAGES = ("manpages", "manpages-dev")
+CACHE = Path(os.environ.get("HF_OUTHEADS_CACHE", Path.home() / ".cache" / "hf_outheads")) / "debian_manpages"
+ESCAPES = {r"\-": "-", r"\(em": "\u2014", r"\(en": "\u2013", r"\(aq": "'", r"\(dq": '"', r"\(lq": "\u201c",
+           r"\(rq": "\u201d", r"\(bu": "\u2022", r"\(co": "\u00a9", r"\e": "\\", r"\&": "", r"\ ": " ", r"\~": " ",
+           r"\|": "", r"\^": "", r"\:": "", r"\%": "", r"\c": "", r"\(ga": "`", r"\(ti": "~", r"\(ha": "^",
+           r"\(rs": "\\", r"\*(lq": "\u201c", r"\*(rq": "\u201d"}
+FONT_REQUESTS = {".B", ".I", ".BR", ".RB", ".BI", ".IB", ".IR", ".RI", ".SM", ".SB", ".SH", ".SS", ".TP", ".IP", ".UR", ".MT"}
+ESCAPE_RE = re.compile("|".join(re.escape(e) for e in sorted(ESCAPES, key=len, reverse=True)))
+FONT_RE = re.compile(r"\\f(\[[^\]]*\]|\(..|.)|\\s[-+]?\d+|\\[*n]\(..|\\[*n].|\\\(..")
+
+
+BREAKS = {".PP", ".LP", ".P", ".TP", ".IP", ".HP", ".br", ".sp", ".RS", ".RE", ".nf", ".fi", ".EX", ".EE", ".SH", ".SS"}
+
+
+def roff_to_text(source: str) -> str:
+    """Plain text of a man page's roff source: filled paragraphs, no-fill blocks kept as lines."""
+    paragraphs, words, fill = [], [], True
+
+    def flush():
+        if words:
+            paragraphs.append((" " if fill else "\n").join(words))
+            words.clear()
+
+    for line in source.splitlines():
+        if line.startswith(('.\\"', "'\\\"", '\\"')):
+            continue
+        if line.startswith((".", "'")):
+            request, _, rest = line.partition(" ")
+            if request in BREAKS:
+                flush()
+                fill = {".nf": False, ".EX": False, ".fi": True, ".EE": True}.get(request, fill)
+            if request not in FONT_REQUESTS:
+                continue
+            try:
+                parts = shlex.split(rest.replace("\\", "\\\\"), posix=True)
+            except ValueError:
+                parts = rest.split()
+            alternating = len(request) == 3 and request not in (".SH", ".SS", ".TP", ".IP", ".UR", ".MT")
+            line = ("" if alternating else " ").join(parts)
+            if request in (".SH", ".SS"):
+                paragraphs.append(line.capitalize() if line.isupper() else line)
+                continue
+        line = FONT_RE.sub("", ESCAPE_RE.sub(lambda m: ESCAPES[m.group(0)], line)).rstrip()
+        if not line.strip():
+            flush()
+        else:
+            words.append(line if not fill else line.strip())
+    flush()
+    return "\n".join(p for p in paragraphs if p.strip())
+
+
+def _deb_members(deb: bytes):
+    """(path, bytes) of the files in a `.deb`'s data archive."""
+    stream, found = io.BytesIO(deb), None
+    if stream.read(8) != b"!<arch>\n":
+        raise ValueError("not a Debian package (ar archive)")
+    while header := stream.read(60):
+        name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
+        body = stream.read(size)
+        stream.read(size % 2)
+        if name.startswith("data.tar"):
+            found = body
+    with tarfile.open(fileobj=io.BytesIO(found)) as archive:
+        for member in archive:
+            if member.isfile():
+                yield member.name, archive.extractfile(member).read()
+
+
+def fetch_packages(cache: Path = CACHE) -> list[Path]:
+    """The `.deb` files of PACKAGES, downloaded once with `apt-get download` into `cache`."""
+    cache.mkdir(parents=True, exist_ok=True)
+    debs = sorted(cache.glob("*.deb"))
+    if {p.name.split("_")[0] for p in debs} >= set(PACKAGES):
+        return debs
+    try:
+        subprocess.run(["apt-get", "download", *PACKAGES], cwd=cache, check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or error
+        raise RuntimeError(f"Could not download {PACKAGES} with apt-get ({detail}). On Debian/Ubuntu run "
+                           f"`apt-get update`, or put the .deb files in {cache}.") from None
+    return sorted(cache.glob("*.deb"))
+
+
+def manpage_records(debs: list[Path]) -> list[dict]:
+    records = []
+    for deb in debs:
+        for path, data in _deb_members(deb.read_bytes()):
+            match = re.search(r"/man/man(\d)/([^/]+)\.\d\w*\.gz$", path)
+            if not match:
+                continue
+            source = gzip.decompress(data).decode("utf-8", errors="replace")
+            if re.match(r"\.so\s", source.lstrip()):  # a link to another page
+                continue
+            text = roff_to_text(source)
+            if len(text) > 200:
+                records.append({"name": f"{match.group(2)}({match.group(1)})", "text": f"{match.group(2)}({match.group(1)})\n{text}"})
+    return sorted(records, key=lambda r: r["name"])
+
+
+def load_manpages_dataset(validation_percent: int = 5, cache: Path = CACHE):
+    """`DatasetDict(train, validation)` of `{"text"}` records, split by a hash of the page name."""
+    from datasets import Dataset, DatasetDict
+
+    records = manpage_records(fetch_packages(cache))
+    held = [int(hashlib.sha1(r["name"].encode()).hexdigest(), 16) % 100 < validation_percent for r in records]
+    split = {name: [{"text": r["text"]} for r, h in zip(records, held) if h == is_held]
+             for name, is_held in (("train", False), ("validation", True))}
+    return DatasetDict({name: Dataset.from_list(rows) for name, rows in split.items()})
