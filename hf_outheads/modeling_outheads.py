@@ -18,6 +18,7 @@ from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
 from .backbones import head_dims
 from .heads import IGNORE_INDEX, HeadInputs, OutputHead
+from .integrations import effective_embedding_weight, fused_lm_head_settings, fused_outputs, is_fused_lm_head_patch
 
 
 @dataclass
@@ -86,11 +87,46 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
             module.reset_parameters()
 
     def output_embedding_matrix(self) -> torch.Tensor:
-        """`E`: the input embedding matrix of the (decoder) backbone, `|V| x d`."""
-        return self.backbone.get_decoder().get_input_embeddings().weight
+        """`E`: the input embedding matrix of the (decoder) backbone, `|V| x d`, as the backbone
+        uses it: with the contribution of adapters on the embedding module (PEFT LoRA on
+        `embed_tokens`) while they are not merged (`integrations.effective_embedding_weight`)."""
+        return effective_embedding_weight(self.backbone.get_decoder().get_input_embeddings())
 
-    def get_output_embeddings(self):
-        return None  # heads are not a plain nn.Linear; see `self.head`
+    def get_output_embeddings(self) -> OutputHead:
+        """The output layer: the head, for every head type. Its scores are not `W h + b` in
+        general, so it is no `nn.Linear`; what libraries do with the output layer is handled here:
+        resizing (`resize_token_embeddings`), TRL's fused LM head (answered through the head, see
+        `integrations`), PEFT (`target_modules="all-linear"` leaves the head out; an adapter on the
+        input embeddings is seen by the head, and TRL does not mistake it for one on the LM head)."""
+        return self.head
+
+    def set_output_embeddings(self, new_embeddings):
+        if not isinstance(new_embeddings, OutputHead):
+            raise TypeError(f"The output layer of {type(self).__name__} is an OutputHead (model.head); "
+                            f"got {type(new_embeddings).__name__}.")
+        self.head = new_embeddings
+
+    def __setattr__(self, name, value):
+        """Keep the class's `forward` when TRL's `add_fused_lm_head` replaces it: the replacement
+        would score `last_hidden_state @ lm_head.weight`, bypassing the head; `forward` answers
+        `fused_lm_head=True` through the head instead (see `integrations`)."""
+        if name == "forward" and is_fused_lm_head_patch(self, value):
+            self._fused_lm_head = fused_lm_head_settings(value)
+            return
+        super().__setattr__(name, value)
+
+    def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch):
+        """TRL's fused-LM-head call (`fused_lm_head=True`): per-token log-probabilities of the
+        next-token labels, entropy, ... through the head (`integrations.fused_outputs`)."""
+        if shift_labels is None:
+            if labels is None:
+                raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
+            shift_labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+        _, logits, aux_loss = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
+        temperature = getattr(self, "_fused_lm_head", {}).get("temperature", 1.0)
+        keep = slice(None) if labels is None else slice(None, -1)  # (batch, seq_len - 1) as TRL's
+        shift_labels = shift_labels.to(logits.device)
+        return fused_outputs(logits[:, keep], shift_labels[:, keep], temperature, num_items_in_batch, aux_loss)
 
     @classmethod
     def from_backbone(cls, pretrained, head_type: str | None = None, head_options: dict | None = None, **kwargs):
@@ -128,6 +164,22 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
         """`GenerationMixin.generate` inside `head.generation_scope()` (e.g. one label matrix per call)."""
         with self.head.generation_scope():
             return super().generate(*args, **kwargs)
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """The backbone's input embeddings only; the output layer (the head) is resized by
+        `resize_token_embeddings` through `head.resize_vocab`, not as an `nn.Linear`."""
+        old_embeddings = self.get_input_embeddings()
+        new_embeddings = self._get_resized_embeddings(old_embeddings, new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if hasattr(old_embeddings, "_hf_hook"):  # accelerate's device placement, as transformers does
+            try:  # (in a try: remote code needs no package beyond torch and transformers)
+                from accelerate.hooks import add_hook_to_module
+            except ImportError:  # no accelerate, no hook
+                pass
+            else:
+                add_hook_to_module(new_embeddings, old_embeddings._hf_hook)
+        new_embeddings.requires_grad_(old_embeddings.weight.requires_grad)
+        self.set_input_embeddings(new_embeddings)
+        return self.get_input_embeddings()
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """Resize the backbone's embeddings, then the head's per-word parameters
@@ -198,8 +250,13 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         output_hidden_states=None,
         logits_to_keep: int | torch.Tensor = 0,
         return_logits: bool | None = None,
+        shift_labels=None,
+        fused_lm_head: bool = False,
         **kwargs,
     ) -> OutHeadsCausalLMOutput:
+        """`labels` are the input ids (shifted here); `shift_labels` are already shifted (label of
+        position t = token t + 1), as transformers' causal LMs accept them. `fused_lm_head=True`:
+        TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("return_dict", None)
@@ -214,7 +271,13 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             return_dict=True,
             **kwargs,
         )
-        if labels is not None:  # position t predicts token t + 1
+        if fused_lm_head:
+            return self._fused_head_outputs(
+                outputs.last_hidden_state, outputs.hidden_states, labels, shift_labels, num_items_in_batch
+            )
+        if shift_labels is not None:
+            labels = shift_labels
+        elif labels is not None:  # position t predicts token t + 1
             labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
         loss, logits, aux_loss = self._head_outputs(
             outputs.last_hidden_state, outputs.hidden_states, labels, logits_to_keep, num_items_in_batch, return_logits
