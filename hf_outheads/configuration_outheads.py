@@ -38,6 +38,8 @@ class OutHeadsConfig(PretrainedConfig):
         hidden_scale: positive factor on the final hidden state before the head; derived from
             the backbone family when omitted (T5 with tied embeddings: `d_model ** -0.5`).
         vocab_size: optional check; must equal the backbone's vocabulary size.
+        base_model: where the weights came from (the Hub id or local path `from_backbone` was
+            given); the model card's `base_model` when it is a Hub id.
 
     Backbone attributes the composite does not define (`max_position_embeddings`, `d_model`,
     ...) are read from `text_config`, except generation parameters.
@@ -52,6 +54,7 @@ class OutHeadsConfig(PretrainedConfig):
     head_options: dict | None = None
     hidden_scale: float | None = None
     vocab_size: int | None = None
+    base_model: str | None = None
     is_encoder_decoder: bool = False
     tie_word_embeddings: bool = False  # the `tied` head reads E at call time: no weight is duplicated
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
@@ -63,6 +64,16 @@ def backbone_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     }
 
 
+def origin(pretrained, original: PreTrainedModel) -> str | None:
+    """What the converted model comes from: the Hub id or path it was given, else the loaded
+    model's own (`name_or_path`, or the origin an hf_outheads model records)."""
+    if isinstance(pretrained, (str, os.PathLike)):
+        path = os.fspath(pretrained)
+        return os.path.abspath(path) if os.path.isdir(path) else path
+    recorded = original.config.base_model if is_outheads(original) else None
+    return getattr(original, "name_or_path", None) or recorded or None
+
+
 def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwargs):
     original = load_original(pretrained, **kwargs)
     weight, bias = original_lm_head(original)
@@ -72,7 +83,8 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
         head_type = "tied" if weight.shape == embeddings.shape and torch.equal(weight, embeddings) else "linear"
     text_config = copy.deepcopy(original.config.text_config if is_outheads(original) else original.config)
     scale = {"hidden_scale": original.config.hidden_scale} if is_outheads(original) else {}
-    config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options, **scale)
+    config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options,
+                            base_model=origin(pretrained, original), **scale)
     model = cls(config).to(dtype=weight.dtype, device=weight.device)
     if original.config._attn_implementation:  # keep the original's attention (e.g. attn_implementation="eager")
         model.set_attn_implementation(original.config._attn_implementation)

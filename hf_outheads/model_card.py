@@ -8,10 +8,47 @@ from __future__ import annotations
 
 import inspect
 import json
-
-from huggingface_hub import ModelCard, ModelCardData
+import os
 
 PLACEHOLDER_REPO = "<namespace>/<model-name>"
+# head type -> arXiv ids of its papers: `arxiv:<id>` tags, which the Hub links to the paper pages
+HEAD_PAPERS = {
+    "tied": ("1611.01462", "1608.05859"),  # Inan et al. 2016; Press & Wolf 2017
+    "bilinear": ("1803.11138",),  # Gulordava et al. 2018
+    "joint": ("1808.10681",),  # Pappas, Miculicich & Henderson 2018
+    "drill": ("1905.05513",),  # Pappas & Henderson 2019
+    "mos": ("1711.03953",),  # Yang et al. 2018
+    "doc": ("1808.10143",),  # Takase, Suzuki & Nagata 2018
+    "lightrnn": ("1809.09296", "1610.09893"),  # Kong et al. 2019 (Efficient MoS); Li et al. 2016
+}
+
+
+def model_tags(config) -> list[str]:
+    """Tags of every card of an `OutHeadsFor*` model (also `model.model_tags`, which
+    `Trainer.push_to_hub` and TRL's trainers put in the cards they write): the package, the
+    head, the backbone family, remote code and the head's papers."""
+    text = config.text_config
+    tags = ["hf_outheads", f"outheads-{config.head_type}", text.model_type, "custom_code"]
+    return tags + [f"arxiv:{paper}" for paper in HEAD_PAPERS.get(config.head_type, ())]
+
+
+def pipeline_tag(auto_class: str) -> str:
+    """The transformers pipeline task (`transformers.pipelines.SUPPORTED_TASKS`) that runs
+    `auto_class`; "text-generation" when none does (transformers 5 has no seq2seq text task:
+    `text2text-generation` is gone, and `text-generation` is the task of generating text)."""
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    for task, spec in SUPPORTED_TASKS.items():
+        if any(getattr(cls, "__name__", None) == auto_class for cls in spec.get("pt", ())):
+            return task
+    return "text-generation"
+
+
+def hub_base_model(value: str | None) -> str | None:
+    """`config.base_model` when it names a Hub repository (a local folder is no card metadata)."""
+    if not value or os.path.isabs(value) or os.path.isdir(value) or value.count("/") > 1:
+        return None
+    return value
 
 
 def head_summary(head) -> str:
@@ -39,22 +76,25 @@ outputs = model.generate(input_ids, max_new_tokens=20)  # ids from the backbone'
 ```'''
 
 
-def build_model_card(model, repo_id: str | None = None, tags: list[str] | None = None) -> ModelCard:
-    """A `ModelCard` describing `model` (an `OutHeadsPreTrainedModel`)."""
+def build_model_card(model, repo_id: str | None = None, tags: list[str] | None = None):
+    """A `huggingface_hub.ModelCard` describing `model` (an `OutHeadsPreTrainedModel`)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
     config, text = model.config, model.config.text_config
     seq2seq = bool(config.is_encoder_decoder)
     auto_class = "AutoModelForSeq2SeqLM" if seq2seq else "AutoModelForCausalLM"
-    base_tags = ["hf_outheads", f"outheads-{config.head_type}", text.model_type, "custom_code"]
+    origin = getattr(config, "base_model", None)
     data = ModelCardData(
         library_name="transformers",
-        pipeline_tag="text2text-generation" if seq2seq else "text-generation",
-        tags=list(dict.fromkeys(base_tags + list(tags or []))),
+        pipeline_tag=pipeline_tag(auto_class),
+        base_model=hub_base_model(origin),
+        tags=list(dict.fromkeys(model_tags(config) + list(tags or []))),
     )
     head_params = sum(p.numel() for p in model.head.parameters())
     body = f"""# {type(model).__name__}: `{text.model_type}` backbone with the `{config.head_type}` output head
 
 A `{text.model_type}` {"encoder-decoder" if seq2seq else "decoder-only"} backbone whose LM head is replaced by the
-`{config.head_type}` output head of the `hf_outheads` package.
+`{config.head_type}` output head of the `hf_outheads` package.{f" Converted from `{origin}` (`from_backbone`)." if origin else ""}
 
 **Head.** {head_summary(model.head)}
 

@@ -19,6 +19,7 @@ from .head_catalog import get_head_class
 from .backbones import head_dims
 from .heads import IGNORE_INDEX, HeadInputs, OutputHead
 from .integrations import effective_embedding_weight, fused_lm_head_settings, fused_outputs, is_fused_lm_head_patch
+from .model_card import model_tags
 
 
 @dataclass
@@ -73,6 +74,7 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
         # remote code: AutoModel resolves to this class too (register_for_auto_class takes one)
         config.auto_map = {**(getattr(config, "auto_map", None) or {}), "AutoModel": f"modeling_outheads.{type(self).__name__}"}
         self.post_init()
+        self.add_model_tags(model_tags(config))  # into the cards Trainer.push_to_hub and TRL write
 
     def _check_backbone_shapes(self) -> None:
         dims, table = self.head.dims, self.output_embedding_matrix()

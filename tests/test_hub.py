@@ -1,6 +1,8 @@
 """`push_to_hub` uploads weights, configs, code and a real model card, in one commit. Only
 `HfApi.create_repo` / `HfApi.create_commit` are replaced; everything else runs for real."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard
@@ -73,7 +75,9 @@ def test_model_card_describes_the_model():
     model = build("t5", "linear", OutHeadsForSeq2SeqLM)
     card = model.create_model_card()
     assert isinstance(card, ModelCard)
-    assert card.data.pipeline_tag == "text2text-generation"
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    assert card.data.pipeline_tag in SUPPORTED_TASKS  # transformers 5 has no text2text-generation
     assert "`linear`" in card.text and "`t5`" in card.text and "s(h) = W h + b" in card.text
     assert "AutoModelForSeq2SeqLM.from_pretrained(" in card.text and "trust_remote_code=True" in card.text
     assert f"{sum(p.numel() for p in model.head.parameters()):,}" in card.text
@@ -88,3 +92,43 @@ def test_model_card_lists_head_options():
     card = model.create_model_card("someone/x")
     for option, value in model.config.head_options.items():
         assert f'"{option}"' in card.text, option
+
+
+def test_from_backbone_records_its_origin_as_base_model(tmp_path):
+    from tiny import tiny_original
+
+    original = tiny_original("gpt2")
+    original.name_or_path = "openai-community/gpt2"  # as from_pretrained("openai-community/gpt2") sets it
+    converted = OutHeadsForCausalLM.from_backbone(original, "mos", {"num_components": 2})
+    assert converted.config.base_model == "openai-community/gpt2"
+    card = converted.create_model_card("someone/gpt2-mos")
+    assert card.data.base_model == "openai-community/gpt2" and "`openai-community/gpt2`" in card.text
+    assert {"outheads-mos", "arxiv:1711.03953"} <= set(card.data.tags)
+
+    converted.save_pretrained(tmp_path / "converted")  # kept in config.json
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "converted").config.base_model == "openai-community/gpt2"
+    original.save_pretrained(tmp_path / "plain")  # a local folder: recorded, but no card metadata
+    local = OutHeadsForCausalLM.from_backbone(str(tmp_path / "plain"))
+    assert local.config.base_model == str(tmp_path / "plain")
+    assert local.create_model_card().data.base_model is None
+
+
+def test_trainer_push_to_hub_card_describes_the_head(fake_hub, tmp_path, monkeypatch):
+    """`Trainer.push_to_hub` writes its own README (transformers' TrainingSummary); the model's
+    `model_tags` put the package, the head and its papers in it."""
+    from transformers import Trainer, TrainingArguments
+
+    def upload_folder(self, repo_id, folder_path, **kwargs):  # record the folder Trainer uploads
+        fake_hub.append({"repo_id": repo_id, "files": {p.name: p.read_bytes() for p in Path(folder_path).iterdir()
+                                                       if p.is_file() and not p.name.startswith("_")}})
+
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+
+    model = build(head="drill")
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), hub_model_id="someone/tiny-drill", report_to=[],
+                             use_cpu=True, save_strategy="no")
+    Trainer(model=model, args=args).push_to_hub()
+    files = fake_hub[-1]["files"]
+    card = ModelCard(files["README.md"].decode())
+    assert {"hf_outheads", "outheads-drill", "gpt2", "arxiv:1905.05513"} <= set(card.data.tags)
+    assert "modeling_outheads.py" in files and "head_drill.py" in files

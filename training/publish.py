@@ -9,6 +9,8 @@ from pathlib import Path
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
+from hf_outheads.model_card import pipeline_tag
+
 from .tracking import RESULTS_FILE, read_metrics
 
 CARDS_DIR = Path(__file__).resolve().parents[1] / "model_cards"
@@ -83,7 +85,7 @@ def dataset_description(options) -> tuple[str, str]:
 
 
 def _card_data(options, results, dataset_type) -> ModelCardData:
-    task_type = "text-generation" if options.task == "causal_lm" else "text2text-generation"
+    task_type = pipeline_tag("AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM")
     evals = [
         EvalResult(task_type=task_type, dataset_type=dataset_type, dataset_name=dataset_type,
                    dataset_config=options.dataset_config, dataset_split=options.validation_split,
