@@ -13,7 +13,7 @@ from .stdlib_corpus import load_stdlib_dataset
 
 BUILTIN = "stdlib_docstrings"
 MANPAGES = "debian_manpages"  # built from Debian's manpages packages (training/manpages_corpus.py)
-FILE_FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+FILE_FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def _file_format(data_files: dict) -> str:
@@ -35,10 +35,10 @@ def load_raw(options):
     """The dataset splits named by the options, before tokenisation."""
     if options.dataset_name == BUILTIN:
         raw = load_stdlib_dataset(options.dataset_config or ("text" if options.task == "causal_lm" else "summary"))
-        return raw.to_iterable_dataset() if options.streaming else raw
+        return _to_iterable(raw) if options.streaming else raw
     if options.dataset_name == MANPAGES:
         raw = load_manpages_dataset()
-        return raw.to_iterable_dataset() if options.streaming else raw
+        return _to_iterable(raw) if options.streaming else raw
     if options.data_files:
         _check_files_not_empty(options.data_files)
         return load_dataset(_file_format(options.data_files), data_files=options.data_files, streaming=options.streaming)

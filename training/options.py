@@ -37,7 +37,7 @@ class TrainOptions:
     # data
     dataset_name: str | None = opt(None, "Hub dataset (e.g. wikitext, ptb_text_only, iwslt2017, wmt14), 'stdlib_docstrings' (built in, offline) or 'debian_manpages' (built from Debian's manpages packages).")
     dataset_config: str | None = opt(None, "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text' or 'summary' for stdlib_docstrings.")
-    data_files: dict = opt({}, "Local files per split, e.g. {train: a.txt, validation: b.txt}; format from the extension (txt/json/jsonl/csv).")
+    data_files: dict = opt({}, "Local files per split, e.g. {train: a.txt, validation: b.txt}; format from the extension (txt/json/jsonl/csv/parquet).")
     streaming: bool = opt(False, "Stream the dataset instead of downloading/preparing it whole (needs max_steps).")
     train_split: str = opt("train", "Split to train on.")
     validation_split: str = opt("validation", "Split to evaluate on; if the dataset lacks it, validation_percent of train is held out.")
