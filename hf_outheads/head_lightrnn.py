@@ -55,7 +55,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
 from .code_table import (EXACT_LIMIT, TABLE_INITS, check_codes, code_masks, codes_from_counts, codes_from_grid,
@@ -63,7 +62,7 @@ from .code_table import (EXACT_LIMIT, TABLE_INITS, check_codes, code_masks, code
 from .heads import (IGNORE_INDEX, HeadDims, HeadInputs, HeadOutput, check_choice, nll_sum_from_logits,
                     word_count_vector)
 from .losses import linear_cross_entropy
-from .mixture import MixtureHead, MixtureOptions, check_int
+from .mixture import MixtureHead, MixtureOptions, check_int, over_row_chunks
 
 CHUNK_ELEMENTS = 2**24  # per position chunk of the full distribution (and of the cost accumulation)
 MASKED = -1e30  # bias of codes that hold no word: exp underflows to exactly 0 in fp32
@@ -198,12 +197,7 @@ class LightRNNHead(MixtureHead):
         per_row = K * (r * (self.latent_size + 2 * c) + 2 * (f + r * c + self.dims.vocab_size))
         rows = max(1, CHUNK_ELEMENTS // per_row)
         grad = torch.is_grad_enabled() and (k.requires_grad or pre.requires_grad)
-        pieces = []
-        for s in range(0, k.shape[0], rows):
-            args = [t if t is None else t[s : s + rows] for t in (log_prior, k, pre, mask)] + list(params)
-            pieces.append(checkpoint(self._chunk, *args, use_reentrant=False) if grad and k.shape[0] > rows
-                          else self._chunk(*args))
-        return torch.cat(pieces) if pieces else k.new_zeros(0, self.dims.vocab_size)
+        return over_row_chunks(self._chunk, (log_prior, k, pre, mask), params, rows, grad, self.dims.vocab_size)
 
     def _chunk(self, log_prior, k, pre, mask, W1, b1, E_row, W2, b2):
         f = self.table[0]

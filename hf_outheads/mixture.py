@@ -69,20 +69,37 @@ def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, b
     return torch.logsumexp(scores + log_prior.unsqueeze(-1), dim=-2)
 
 
+def is_traced() -> bool:
+    """Inside `torch.export` / `torch.compile` tracing, where a Python loop over a tensor size
+    would freeze that size into the graph."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def over_row_chunks(fn, row_args, other_args, rows: int, grad: bool, width: int) -> torch.Tensor:
+    """`fn(*row_args, *other_args)` -> `(n, width)`, over chunks of `rows` rows of `row_args`
+    (None passes through), checkpointed under autograd, so at most one chunk's intermediates
+    exist at a time. Traced (torch.export, torch.compile): one call over all rows, so the
+    graph holds for every batch and sequence size."""
+    if is_traced():
+        return fn(*row_args, *other_args)
+    n = next(t for t in row_args if t is not None).shape[0]
+    pieces = []
+    for start in range(0, n, rows):
+        args = [t if t is None else t[start : start + rows] for t in row_args] + list(other_args)
+        pieces.append(checkpoint(fn, *args, use_reentrant=False) if grad and n > rows else fn(*args))
+    return torch.cat(pieces) if pieces else other_args[0].new_zeros(0, width, dtype=torch.float32)
+
+
 def mixture_log_probs(log_prior, latents, weight, bias) -> torch.Tensor:
     """Full `log p(.|h)`, `(..., |V|)` fp32, from `log_prior (..., J)` and `latents (..., J, d)`.
-    Rows are processed in chunks (checkpointed under autograd), so at most one chunk of
-    `rows x J x |V|` scores exists at a time."""
+    Rows are processed in chunks (`over_row_chunks`: checkpointed under autograd, one call when
+    exported), so at most one chunk of `rows x J x |V|` scores exists at a time."""
     lead, (J, d), V = log_prior.shape[:-1], latents.shape[-2:], weight.shape[0]
     log_prior, latents = log_prior.reshape(-1, J).float(), latents.reshape(-1, J, d).float()
     weight, bias = weight.float(), bias.float()
     rows = max(1, MIX_CHUNK_ELEMENTS // (J * V))
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (log_prior, latents, weight, bias))
-    pieces = []
-    for start in range(0, latents.shape[0], rows):
-        args = (log_prior[start : start + rows], latents[start : start + rows], weight, bias)
-        pieces.append(checkpoint(_mix, *args, use_reentrant=False) if grad and latents.shape[0] > rows else _mix(*args))
-    return (torch.cat(pieces) if pieces else weight.new_zeros(0, V)).reshape(*lead, V)  # no kept position: (..., 0, V)
+    return over_row_chunks(_mix, (log_prior, latents), (weight, bias), rows, grad, V).reshape(*lead, V)  # (..., 0, V) if empty
 
 
 def mixture_nll(log_prior, latents, weight, bias, labels) -> torch.Tensor:
