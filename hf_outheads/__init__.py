@@ -1,23 +1,47 @@
-"""hf_outheads: research output layers (DRILL, joint embedding, MoS, DOC, ...) for transformers models."""
+"""hf_outheads: research output layers (DRILL, joint embedding, MoS, DOC, ...) for transformers models.
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+`import hf_outheads` registers `OutHeadsConfig` with `AutoConfig` and imports no modelling code:
+the model classes (and `transformers.modeling_utils`, which costs more than torch itself) are
+imported when first used, as `hf_outheads.OutHeadsForCausalLM` or when an `OutHeadsConfig` is
+built (every `Auto*.from_pretrained` / `from_config` of this model type builds one first), and
+registered with `AutoModel`, `AutoModelForCausalLM` and `AutoModelForSeq2SeqLM` then.
+"""
+
+from transformers import AutoConfig
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
 from .heads import HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead
 from .softmax import SoftmaxHead, SoftmaxOptions
-from .modeling_outheads import (
-    OutHeadsCausalLMOutput,
-    OutHeadsForCausalLM,
-    OutHeadsForSeq2SeqLM,
-    OutHeadsPreTrainedModel,
-    OutHeadsSeq2SeqLMOutput,
-)
 
 AutoConfig.register(OutHeadsConfig.model_type, OutHeadsConfig, exist_ok=True)
-AutoModel.register(OutHeadsConfig, (OutHeadsForCausalLM, OutHeadsForSeq2SeqLM), exist_ok=True)
-AutoModelForCausalLM.register(OutHeadsConfig, OutHeadsForCausalLM, exist_ok=True)
-AutoModelForSeq2SeqLM.register(OutHeadsConfig, OutHeadsForSeq2SeqLM, exist_ok=True)
+
+_MODELING = ("OutHeadsCausalLMOutput", "OutHeadsForCausalLM", "OutHeadsForSeq2SeqLM", "OutHeadsPreTrainedModel",
+             "OutHeadsSeq2SeqLMOutput")
+
+
+def _modeling():
+    """Import the model classes and register them with the Auto classes (once)."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from . import modeling_outheads as modeling
+
+    if OutHeadsConfig._on_first_config is not None:
+        OutHeadsConfig._on_first_config = None
+        AutoModel.register(OutHeadsConfig, (modeling.OutHeadsForCausalLM, modeling.OutHeadsForSeq2SeqLM), exist_ok=True)
+        AutoModelForCausalLM.register(OutHeadsConfig, modeling.OutHeadsForCausalLM, exist_ok=True)
+        AutoModelForSeq2SeqLM.register(OutHeadsConfig, modeling.OutHeadsForSeq2SeqLM, exist_ok=True)
+    return modeling
+
+
+OutHeadsConfig._on_first_config = _modeling
+
+
+def __getattr__(name: str):
+    if name in _MODELING:
+        return getattr(_modeling(), name)
+    raise AttributeError(f"module 'hf_outheads' has no attribute '{name}'")
+
 
 __version__ = "0.1.0"
 __all__ = [

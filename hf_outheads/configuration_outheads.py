@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
@@ -57,8 +57,12 @@ class OutHeadsConfig(PretrainedConfig):
     base_model: str | None = None
     is_encoder_decoder: bool = False
     tie_word_embeddings: bool = False  # the `tied` head reads E at call time: no weight is duplicated
+    # set by the package's __init__: imports and registers the model classes when a config is first built
+    _on_first_config: ClassVar[Callable[[], Any] | None] = None
 
     def __post_init__(self, **kwargs):
+        if OutHeadsConfig._on_first_config is not None:
+            OutHeadsConfig._on_first_config()
         super().__post_init__(**kwargs)
         text = self.text_config
         if text is None:  # the argument-less config transformers builds (diffs, defaults): no model from it

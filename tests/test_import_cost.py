@@ -1,0 +1,32 @@
+"""`import hf_outheads` imports no modelling code (transformers.modeling_utils costs more than
+torch itself), nor scipy, accelerate or the pipelines; the model classes come on first use."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("scipy", "accelerate", "datasets", "transformers.modeling_utils", "transformers.pipelines",
+         "hf_outheads.modeling_outheads")
+
+
+def run(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_import_loads_no_modelling_code():
+    out = run(f"import sys, hf_outheads; print([m for m in {HEAVY!r} if m in sys.modules])")
+    assert out.strip() == "[]", out
+
+
+def test_model_classes_come_on_first_use_and_are_registered():
+    out = run("""
+import hf_outheads
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GPT2Config
+config = hf_outheads.OutHeadsConfig(text_config=GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40,
+                                                           bos_token_id=0, eos_token_id=0), head_type="tied")
+print(type(AutoModelForCausalLM.from_config(config)).__name__, hf_outheads.OutHeadsForSeq2SeqLM.__name__)
+""")
+    assert out.split() == ["OutHeadsForCausalLM", "OutHeadsForSeq2SeqLM"], out
