@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModel, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils.generic import can_return_tuple
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
@@ -147,13 +148,17 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args, **kwargs):
         """As `PreTrainedModel.from_pretrained`, but a checkpoint that misses weights, has
         weights this model lacks (another head type) or, without `ignore_mismatched_sizes`,
-        has mis-shaped ones is an error, never a silent random initialisation."""
+        has mis-shaped ones is an error, never a silent random initialisation. With
+        `output_loading_info=True` the caller gets the missing and unexpected keys instead (as
+        transformers returns them), and the model as loaded."""
         want_info = kwargs.pop("output_loading_info", False)
         allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
         keys = ("missing_keys", "unexpected_keys") + (() if allow_mismatch else ("mismatched_keys",))
         problems = {key: sorted(info.get(key) or (), key=str) for key in keys}
         problems = {key: value for key, value in problems.items() if value}
+        if want_info:  # the caller reads missing / unexpected keys; mis-shaped ones stay an error
+            problems = {key: value for key, value in problems.items() if key == "mismatched_keys"}
         if problems:
             raise ValueError(
                 f"The checkpoint does not match {cls.__name__} (head '{model.config.head_type}'): {problems}. "
@@ -231,15 +236,31 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
                 loss = loss + out.aux_loss
         return loss, out.logits, out.aux_loss
 
-    def _needs_hidden_states(self, output_hidden_states) -> tuple[bool, bool]:
-        """(ask the backbone for hidden states, return them to the caller)."""
+    def _needs_hidden_states(self, output_hidden_states):
+        """(what to ask the backbone for, what to return to the caller): booleans, or for a list
+        of layer indices (transformers' partial capture) the indices to ask (the caller's and
+        the head's `layer_indices`) and the set of indices to return."""
         wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return bool(wanted) or bool(self.head.layer_indices), bool(wanted)
+        layers = self.head.layer_indices
+        if isinstance(wanted, (list, tuple)):
+            count = self.head.dims.num_layers + 1  # hidden_states entries: embeddings + every layer
+            keep = {index % count for index in wanted}
+            return sorted(keep | set(layers)), keep
+        return bool(wanted) or bool(layers), bool(wanted)
+
+    @staticmethod
+    def _returned_hidden_states(hidden_states, keep):
+        if not keep or hidden_states is None:
+            return None
+        if keep is True:
+            return hidden_states
+        return tuple(state if i in keep else None for i, state in enumerate(hidden_states))
 
 
 class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
     """A decoder-only backbone (GPT-2, Llama, Qwen2, Mistral, ...) with an output head."""
 
+    @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
         self,
         input_ids=None,
@@ -261,7 +282,6 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        kwargs.pop("return_dict", None)
         outputs = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -289,7 +309,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_loss=aux_loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states if return_hidden else None,
+            hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden),
             attentions=outputs.attentions,
         )
 
@@ -301,6 +321,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
         text = self.config.text_config
         return shift_right(labels, text.decoder_start_token_id, text.pad_token_id)
 
+    @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
         self,
         input_ids=None,
@@ -320,7 +341,6 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
     ) -> OutHeadsSeq2SeqLMOutput:
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        kwargs.pop("return_dict", None)
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.backbone(
@@ -345,7 +365,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_loss=aux_loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states if return_hidden else None,
+            decoder_hidden_states=self._returned_hidden_states(outputs.decoder_hidden_states, return_hidden),
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
