@@ -68,10 +68,11 @@ def origin(pretrained, original: PreTrainedModel) -> str | None:
     """What the converted model comes from: the Hub id or path it was given, else the loaded
     model's own (`name_or_path`, or the origin an hf_outheads model records)."""
     if isinstance(pretrained, (str, os.PathLike)):
-        path = os.fspath(pretrained)
-        return os.path.abspath(path) if os.path.isdir(path) else path
-    recorded = original.config.base_model if is_outheads(original) else None
-    return getattr(original, "name_or_path", None) or recorded or None
+        source = os.fspath(pretrained)
+    else:
+        recorded = original.config.base_model if is_outheads(original) else None
+        source = getattr(original, "name_or_path", None) or recorded or None
+    return os.path.abspath(source) if source and os.path.isdir(source) else source  # a folder: its absolute path
 
 
 def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwargs):

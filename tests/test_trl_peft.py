@@ -157,3 +157,16 @@ def test_lora_embedding_adapter_trains_through_the_head(tokenizer, tmp_path):
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if n in lora_b and not torch.equal(p, lora_b[n])]
     assert changed
+
+
+def test_fused_lm_head_keeps_the_patch_temperature():
+    """GRPO / RLOO patch with their sampling temperature: the log-probabilities are those of
+    `softmax(logits / temperature)`, through the head."""
+    model = build("mos").eval()
+    add_fused_lm_head(model, temperature=2.0)
+    data = batch("llama")
+    with torch.no_grad():
+        logits = model(data["input_ids"]).logits[:, :-1]
+        fused = model(**data, fused_lm_head=True)
+    expected = (logits.float() / 2.0).log_softmax(-1).gather(-1, data["labels"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(fused.log_probs, expected)
