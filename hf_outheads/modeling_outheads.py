@@ -99,8 +99,9 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
         """The output layer: the head, for every head type. Its scores are not `W h + b` in
         general, so it is no `nn.Linear`; what libraries do with the output layer is handled here:
         resizing (`resize_token_embeddings`), TRL's fused LM head (answered through the head, see
-        `integrations`), PEFT (`target_modules="all-linear"` leaves the head out; an adapter on the
-        input embeddings is seen by the head, and TRL does not mistake it for one on the LM head)."""
+        `integrations`); transformers' quantizers list it among the modules not to convert; an
+        adapter on the input embeddings is seen by the head, and TRL does not take it for one on
+        the LM head (as it would if this returned the embedding module)."""
         return self.head
 
     def set_output_embeddings(self, new_embeddings):
