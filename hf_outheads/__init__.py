@@ -4,7 +4,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
-from .heads import HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead
+from .head_interface import HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead
 from .softmax import SoftmaxHead, SoftmaxOptions
 from .modeling_outheads import (
     OutHeadsCausalLMOutput,

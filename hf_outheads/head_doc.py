@@ -36,27 +36,47 @@ Conversion from a pretrained LM is exact only without middle-layer components
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from .heads import IGNORE_INDEX, HeadDims, HeadInputs
-from .mixture import MixtureHead, MixtureOptions, check_int
+from .head_interface import IGNORE_INDEX, HeadInputs
+from .mixture import ACTIVATIONS, LATENT_INITS, MixtureHead, MixtureOptions
+from .options import HeadDims, choice, custom, flag, integer, number
 
 
-def component_pairs(components) -> list[list[int]]:
+def whole_number(head_type: str, what: str, value) -> int:
+    """`value` as an int: ints, and strings of one (JSON object keys); floats and bools are errors."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"Head '{head_type}': option 'components' needs an integer {what}, got {value!r}.")
+
+
+def component_pairs(head_type: str, name: str, components) -> list[list[int]]:
     """`[[layer, count], ...]` from a list of pairs or a `{layer: count}` dict (keys may be the
-    strings JSON turns them into)."""
+    strings JSON turns them into); layers are integers, counts integers >= 1."""
     items = components.items() if isinstance(components, dict) else components
     try:
-        pairs = [[int(layer), count] for layer, count in items]
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"Head 'doc': option 'components' must be a list of [layer, count] pairs, got {components!r}."
-        ) from None
+        pairs = [list(pair) for pair in items]
+    except TypeError:
+        pairs = None
+    if pairs is None or any(len(pair) != 2 for pair in pairs) or isinstance(components, str):
+        raise ValueError(f"Head '{head_type}': option '{name}' must be a list of [layer, count] pairs, "
+                         f"got {components!r}.")
     if not pairs:
-        raise ValueError("Head 'doc': option 'components' is empty; give at least one [layer, count] pair.")
+        raise ValueError(f"Head '{head_type}': option '{name}' is empty; give at least one [layer, count] pair.")
+    pairs = [[whole_number(head_type, "layer", layer), count] for layer, count in pairs]
+    for _, count in pairs:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"Head '{head_type}': option '{name}' needs a component count that is an integer "
+                             f">= 1, got {count!r}.")
     return pairs
 
 
@@ -73,30 +93,23 @@ def resolve_layer(layer: int, num_layers: int) -> int:
 
 @dataclass
 class DOCOptions(MixtureOptions):
-    components: list = field(default_factory=lambda: [[-1, 15], [-2, 5]])
-    regularizer_weight: float = 0.001
-    middle_layer_norm: bool = True
-    tied: bool = False
-    latent_activation: str = "identity"
-    latent_init: str = "identity"
+    head_type: ClassVar[str] = "doc"
 
-    def __post_init__(self):
-        self.components = component_pairs(self.components)
+    components: list = custom(lambda: [[-1, 15], [-2, 5]], component_pairs)
+    regularizer_weight: float = number(0.001, low=0.0)
+    middle_layer_norm: bool = flag(True)
+    tied: bool = flag(False)
+    latent_activation: str = choice("identity", ACTIVATIONS)
+    latent_init: str = choice("identity", LATENT_INITS)
 
     def groups(self, dims: HeadDims) -> list[tuple[int, int]]:
         return [(resolve_layer(layer, dims.num_layers), count) for layer, count in self.components]
 
-    def validate(self, dims: HeadDims) -> None:
-        for _, count in self.components:
-            check_int("doc", 1, **{"components count": count})
+    def complete(self, dims: HeadDims) -> None:
         layers = [layer for layer, _ in self.groups(dims)]
         if len(set(layers)) != len(layers):
-            raise ValueError(f"Head 'doc': option 'components' names a layer twice: {self.components}.")
-        if not isinstance(self.regularizer_weight, (int, float)) or self.regularizer_weight < 0:
-            raise ValueError(f"Head 'doc': option 'regularizer_weight' must be >= 0, got {self.regularizer_weight!r}.")
-        if not isinstance(self.middle_layer_norm, bool):
-            raise ValueError(f"Head 'doc': option 'middle_layer_norm' must be true or false, got {self.middle_layer_norm!r}.")
-        self.check_mixture("doc", dims)
+            self.fail(f"option 'components' names a layer twice: {self.components}.")
+        super().complete(dims)
 
 
 class DOCHead(MixtureHead):
@@ -104,9 +117,8 @@ class DOCHead(MixtureHead):
     Options = DOCOptions
     shared_dropout_mask = True
 
-    def __init__(self, options: DOCOptions, dims: HeadDims):
-        super().__init__(options, dims, options.groups(dims))
-
+    def component_groups(self) -> list[tuple[int, int]]:
+        return self.options.groups(self.dims)
     def layer_state(self, inputs: HeadInputs, layer: int) -> torch.Tensor:
         state = super().layer_state(inputs, layer)
         if layer != self.dims.num_layers and self.options.middle_layer_norm:

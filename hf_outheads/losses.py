@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .heads import IGNORE_INDEX
+from .head_interface import IGNORE_INDEX
 
 # Logits elements per chunk (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
 CHUNK_ELEMENTS = 2**25

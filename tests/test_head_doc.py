@@ -9,7 +9,7 @@ import torch
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 from hf_outheads.conversion import original_lm_head
 from hf_outheads.head_doc import DOCHead, DOCOptions
-from hf_outheads.heads import HeadDims, HeadInputs
+from hf_outheads.head_interface import HeadDims, HeadInputs
 from tiny import SEQ2SEQ, batch, tiny_config, tiny_original
 
 COMPONENTS = [[-1, 2], [1, 1], [0, 1]]  # last layer 2, middle layer 1, embedding output 1

@@ -147,7 +147,7 @@ def test_invalid_options_fail_at_config_construction(options, message):
 
 def test_needs_equal_embedding_and_hidden_widths():
     with pytest.raises(ValueError, match="d=16 must equal the hidden width d_h=32"):
-        DrillOptions().validate(HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2))
+        DrillOptions().resolve(HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2))
 
 
 def test_defaults_are_stored_in_the_config():

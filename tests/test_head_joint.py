@@ -118,21 +118,19 @@ def test_conversion_of_an_untied_head_uses_it():
 
 def test_joint_dim_defaults_to_the_size_each_form_needs():
     config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="joint")
-    assert config.head_options == {"joint_dim": 32, "activation": "tanh", "form": "both", "training_loss": "full",
+    assert config.head_options == {"joint_dim": 32, "activation": "tanh", "form": "both", "init": "identity", "training_loss": "full",
                                    "sampled_fraction": 0.25, "sampled_proposal": "uniform"}
     narrow = HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2)
     for form, size in (("both", 32), ("output", 32), ("context", 16), ("bilinear", 16)):
-        options = JointOptions(form=form)
-        options.validate(narrow)
-        assert options.joint_dim == size
-    JointOptions(joint_dim=2048).validate(narrow)  # "both" takes any size (paper: 512, 2048, 4096)
+        assert JointOptions(form=form).resolve(narrow).joint_dim == size
+    JointOptions(joint_dim=2048).resolve(narrow)  # "both" takes any size (paper: 512, 2048, 4096)
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"joint_dim": 0}, "'joint_dim' must be > 0"),
-        ({"joint_dim": -4}, "'joint_dim' must be > 0"),
+        ({"joint_dim": 0}, "'joint_dim' must be an integer >= 1"),
+        ({"joint_dim": -4}, "'joint_dim' must be an integer >= 1"),
         ({"joint_dim": 16.5}, "'joint_dim' must be an integer"),
         ({"activation": "gelu"}, "'activation'='gelu' is not one of"),
         ({"form": "dual"}, "'form'='dual' is not one of"),

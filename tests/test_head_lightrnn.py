@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
-from hf_outheads.code_table import check_codes, grid_cost, reassign, table_grid
+from hf_outheads.lightrnn_table import check_codes, grid_cost, reassign, table_grid
 from hf_outheads.head_lightrnn import LightRNNHead, LightRNNOptions
-from hf_outheads.heads import HeadDims, HeadInputs
+from hf_outheads.head_interface import HeadDims, HeadInputs
 from tiny import SEQ2SEQ, VOCAB, batch, tiny_config
 
 TABLE = {"num_exclusive": 8, "num_rows": 8, "num_columns": 16}  # 37 empty cells, rows 6 and 7 empty

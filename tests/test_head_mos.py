@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 from hf_outheads.conversion import original_lm_head
 from hf_outheads.head_mos import MoSHead, MoSOptions
-from hf_outheads.heads import HeadDims, HeadInputs
+from hf_outheads.head_interface import HeadDims, HeadInputs
 from tiny import SEQ2SEQ, batch, tiny_config, tiny_original
 
 OPTIONS = {"num_components": 3}

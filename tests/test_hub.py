@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM
 from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 from tiny import batch, tiny_config
 
-CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "heads.py", "head_catalog.py", "backbones.py"}
+CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "head_interface.py", "options.py", "head_catalog.py",
+              "backbones.py"}
 
 
 @pytest.fixture
