@@ -4,7 +4,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
-from .head_interface import HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead
+from .head_interface import IGNORE_INDEX, HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead
 from .softmax import SoftmaxHead, SoftmaxOptions
 from .modeling_outheads import (
     OutHeadsCausalLMOutput,
@@ -22,6 +22,7 @@ AutoModelForSeq2SeqLM.register(OutHeadsConfig, OutHeadsForSeq2SeqLM, exist_ok=Tr
 __version__ = "0.1.0"
 __all__ = [
     "HEAD_CLASSES",
+    "IGNORE_INDEX",
     "HeadDims",
     "HeadInputs",
     "HeadOptions",

@@ -1,8 +1,6 @@
 """Forward arguments and runtime features pass through the wrapper: logits_to_keep,
 output_hidden_states, inputs_embeds, past_key_values, SDPA/eager, bf16, activation checkpointing."""
 
-import warnings
-
 import pytest
 import torch
 
@@ -152,11 +150,3 @@ def test_activation_checkpointing(backbone):
         torch.testing.assert_close(checkpointed_grads[name], grad, **ATOL, msg=name)
     model.activation_checkpointing_disable()
     assert not model.backbone.is_activation_checkpointing
-
-
-def test_deprecated_gradient_checkpointing_enable_still_works():
-    model = build()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable()
-    assert model.backbone.is_activation_checkpointing

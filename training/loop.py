@@ -15,7 +15,7 @@ from itertools import islice
 import torch
 from tqdm.auto import tqdm
 
-IGNORE_INDEX = -100
+from hf_outheads import IGNORE_INDEX
 
 
 def loss_tokens(batch, task: str) -> torch.Tensor:
