@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from .head_interface import IGNORE_INDEX, HeadInputs
 from .mixture import ACTIVATIONS, LATENT_INITS, MixtureHead, MixtureOptions
-from .options import HeadDims, choice, custom, flag, integer, number
+from .options import HeadDims, choice, custom, flag, number
 
 
 def whole_number(head_type: str, what: str, value) -> int:

@@ -7,17 +7,17 @@ import torch
 from hf_outheads import HeadDims, OutHeadsConfig
 from hf_outheads.head_joint import JointHead, JointOptions
 from label_encoder_checks import (
-    build, check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
+    check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
     max_log_prob_error, mean_kl,
 )
-from tiny import tiny_config
+from tiny import tiny_config, tiny_model
 
 DIMS = HeadDims(vocab_size=99, embed_dim=32, hidden_dim=32, num_layers=2)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bart"])
 def test_trains_generates_keeps_logits_and_round_trips(name, tmp_path):
-    model = build(name, "joint", {"joint_dim": 16})
+    model = tiny_model(name, "joint", {"joint_dim": 16})
     check_train_step(model, name)
     check_generate(model, name)
     check_logits_to_keep(model, name)
@@ -55,10 +55,10 @@ def test_forms_compute_the_papers_equations(form, formula):
 @pytest.mark.parametrize("name", ["gpt2", "bart"])
 def test_identity_activation_and_projections_is_the_tied_head(name, form):
     """Eq. 18: with g_in = g_out = I the joint space is weight tying."""
-    tied = build(name, "tied", seed=0)
+    tied = tiny_model(name, "tied", seed=0)
     with torch.no_grad():
         tied.head.bias.normal_()
-    joint = build(name, "joint", {"activation": "identity", "form": form}, seed=1)
+    joint = tiny_model(name, "joint", {"activation": "identity", "form": form}, seed=1)
     joint.load_state_dict(tied.state_dict(), strict=False)
     with torch.no_grad():
         for proj in (joint.head.out_proj, joint.head.in_proj):

@@ -7,8 +7,8 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.hf_api import RepoUrl
 from transformers import AutoModelForCausalLM
 
-from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
-from tiny import batch, tiny_config
+from hf_outheads import HEAD_CLASSES, OutHeadsConfig
+from tiny import batch, tiny_config, tiny_model
 
 CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "head_interface.py", "options.py", "head_catalog.py",
               "backbones.py"}
@@ -34,17 +34,12 @@ def fake_hub(monkeypatch):
     return commits
 
 
-def build(backbone="gpt2", head="bilinear", cls=OutHeadsForCausalLM):
-    torch.manual_seed(0)
-    return cls(OutHeadsConfig(text_config=tiny_config(backbone), head_type=head)).eval()
-
-
 def head_files():
     return {f"{cls.__module__.rsplit('.', 1)[-1]}.py" for cls in HEAD_CLASSES.values()}
 
 
 def test_push_to_hub_uploads_everything_in_one_commit(fake_hub, tmp_path):
-    model = build()
+    model = tiny_model("gpt2", "bilinear")
     model.push_to_hub("someone/tiny-outheads", tags=["my-tag"])
     assert len(fake_hub) == 1 and fake_hub[0]["repo_id"] == "someone/tiny-outheads"
     files = fake_hub[0]["files"]
@@ -65,13 +60,13 @@ def test_push_to_hub_uploads_everything_in_one_commit(fake_hub, tmp_path):
 
 
 def test_save_pretrained_with_push_uses_the_card_too(fake_hub, tmp_path):
-    build(head="tied").save_pretrained(tmp_path / "tiny-tied", push_to_hub=True, repo_id="someone/tiny-tied")
+    tiny_model("gpt2", "tied").save_pretrained(tmp_path / "tiny-tied", push_to_hub=True, repo_id="someone/tiny-tied")
     card = ModelCard(fake_hub[0]["files"]["README.md"].decode())
     assert "outheads-tied" in card.data.tags
 
 
 def test_model_card_describes_the_model():
-    model = build("t5", "linear", OutHeadsForSeq2SeqLM)
+    model = tiny_model("t5", "linear")
     card = model.create_model_card()
     assert isinstance(card, ModelCard)
     assert card.data.pipeline_tag == "text2text-generation"
@@ -85,7 +80,7 @@ def test_model_card_lists_head_options():
         text_config=tiny_config("gpt2"), head_type=name).head_options), None)
     if head is None:
         pytest.skip("no registered head has options")
-    model = build(head=head)
+    model = tiny_model("gpt2", head)
     card = model.create_model_card("someone/x")
     for option, value in model.config.head_options.items():
         assert f'"{option}"' in card.text, option
