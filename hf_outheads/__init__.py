@@ -4,7 +4,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
-from .head_interface import IGNORE_INDEX, HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead
+from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead
+from .options import HeadDims, HeadOptions
 from .softmax import SoftmaxHead, SoftmaxOptions
 from .modeling_outheads import (
     OutHeadsCausalLMOutput,
