@@ -67,7 +67,8 @@ class PriorAndLatents:
         self.latent_size = latent_size
         self.num_components = sum(count for _, count in self.groups)
         hidden_dim = self.dims.hidden_dim
-        self.prior = nn.Linear(hidden_dim, self.num_components, bias=False) if with_prior else None
+        prior = nn.Linear(hidden_dim, self.num_components, bias=False)  # drawn either way: same seed, same init
+        self.prior = prior if with_prior else None
         self.latents = nn.ModuleList(nn.Linear(hidden_dim, c * latent_size) for _, c in self.groups)
 
     @property
