@@ -44,40 +44,7 @@ import torch.nn.functional as F
 
 from .head_interface import IGNORE_INDEX, HeadInputs
 from .mixture import ACTIVATIONS, LATENT_INITS, MixtureHead, MixtureOptions
-from .options import HeadDims, choice, custom, flag, number
-
-
-def whole_number(head_type: str, what: str, value) -> int:
-    """`value` as an int: ints, and strings of one (JSON object keys); floats and bools are errors."""
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            pass
-    elif isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise ValueError(f"Head '{head_type}': option 'components' needs an integer {what}, got {value!r}.")
-
-
-def component_pairs(head_type: str, name: str, components) -> list[list[int]]:
-    """`[[layer, count], ...]` from a list of pairs or a `{layer: count}` dict (keys may be the
-    strings JSON turns them into); layers are integers, counts integers >= 1."""
-    items = components.items() if isinstance(components, dict) else components
-    try:
-        pairs = [list(pair) for pair in items]
-    except TypeError:
-        pairs = None
-    if pairs is None or any(len(pair) != 2 for pair in pairs) or isinstance(components, str):
-        raise ValueError(f"Head '{head_type}': option '{name}' must be a list of [layer, count] pairs, "
-                         f"got {components!r}.")
-    if not pairs:
-        raise ValueError(f"Head '{head_type}': option '{name}' is empty; give at least one [layer, count] pair.")
-    pairs = [[whole_number(head_type, "layer", layer), count] for layer, count in pairs]
-    for _, count in pairs:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"Head '{head_type}': option '{name}' needs a component count that is an integer "
-                             f">= 1, got {count!r}.")
-    return pairs
+from .options import HeadDims, choice, flag, number, pairs
 
 
 def resolve_layer(layer: int, num_layers: int) -> int:
@@ -95,7 +62,7 @@ def resolve_layer(layer: int, num_layers: int) -> int:
 class DOCOptions(MixtureOptions):
     head_type: ClassVar[str] = "doc"
 
-    components: list = custom(lambda: [[-1, 15], [-2, 5]], component_pairs)
+    components: list = pairs(lambda: [[-1, 15], [-2, 5]], names=("layer", "count"))
     regularizer_weight: float = number(0.001, low=0.0)
     middle_layer_norm: bool = flag(True)
     tied: bool = flag(False)

@@ -1,7 +1,7 @@
 """Head options: typed field declarations and the one place that checks and resolves them.
 
-Every head's options are a dataclass of fields declared with `integer`, `number`, `flag`,
-`choice` or `custom`; the declaration carries the type and the allowed range or choices.
+Every head's options are a dataclass of fields declared with `integer`, `number`, `probability`,
+`flag`, `choice` or `pairs`; the declaration carries the type and the allowed range or choices.
 `options.resolve(dims)` returns a complete, checked copy: each field is checked against its
 declaration (a ValueError names the head and the option), then the head's `complete(dims)`
 fills in the values that depend on the backbone (`joint_dim`, lightrnn's table shape) and
@@ -29,22 +29,27 @@ class HeadDims:
 
 @dataclass(frozen=True)
 class Spec:
-    """What a field accepts: `kind` "int", "number", "bool", "choice" or "custom"; numbers in
-    `[low, high]` (`open_low` / `open_high`: bound excluded); `optional`: None is allowed (the head
-    derives the value in `complete`); `convert(head_type, name, value)` checks a custom field."""
+    """What a field accepts. `kind`: "int", "number" (ints accepted) in `[low, high]`
+    (`open_low` / `open_high` exclude a bound; `high` only together with `low`), "bool", "choice"
+    (one of `choices`), or "pairs": a non-empty list of `[integer, integer >= 1]` pairs, also given
+    as a `{key: count}` dict whose keys may be integer strings (JSON object keys); `choices` then
+    names the two members.
+    `optional`: None is accepted (the head derives the value in `complete`)."""
 
     kind: str
     low: float | None = None
     high: float | None = None
     open_low: bool = False
     open_high: bool = False
-    choices: tuple = ()
+    choices: tuple = ()  # "pairs": the names of a pair's two members
     optional: bool = False
-    convert: Callable | None = None
 
     def describe(self) -> str:
         if self.kind == "bool":
             return "true or false"
+        if self.kind == "pairs":
+            key, count = self.choices
+            return f"a non-empty list of [{key}, {count}] pairs (integers, each {count} >= 1)"
         if self.low is not None and self.high is not None:
             return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
         noun = "an integer" if self.kind == "int" else "a number"
@@ -52,7 +57,6 @@ class Spec:
         return noun + bound + (" (or null for the default)" if self.optional else "")
 
     def accepts(self, value: Any) -> bool:
-        """Numbers: `high` is only used together with `low` (`describe`)."""
         if self.kind == "bool":
             return isinstance(value, bool)
         if self.kind == "choice":
@@ -66,15 +70,40 @@ class Spec:
         return self.high is None or (value < self.high if self.open_high else value <= self.high)
 
     def check(self, head_type: str, name: str, value: Any) -> Any:
+        """`value`, checked (pairs: as a list of lists), or a ValueError naming head and option."""
         if value is None and self.optional:
             return None
-        if self.kind == "custom":
-            return self.convert(head_type, name, value)
-        if self.kind == "choice" and not self.accepts(value):
+        if self.kind == "pairs":
+            pairs = _pairs(value)
+            if pairs is not None:
+                return pairs
+        elif self.accepts(value):
+            return value
+        elif self.kind == "choice":
             raise ValueError(f"Head '{head_type}': option '{name}'={value!r} is not one of {list(self.choices)}.")
-        if not self.accepts(value):
-            raise ValueError(f"Head '{head_type}': option '{name}' must be {self.describe()}, got {value!r}.")
-        return value
+        raise ValueError(f"Head '{head_type}': option '{name}' must be {self.describe()}, got {value!r}.")
+
+
+def _whole(value: Any) -> int | None:
+    """An int, or a string of one (JSON object keys); None for anything else (floats, bools)."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _pairs(value: Any) -> list[list[int]] | None:
+    items = list(value.items()) if isinstance(value, dict) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        return None
+    if not all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in items):
+        return None
+    pairs = [[_whole(key), count] for key, count in items]
+    if any(key is None or isinstance(count, bool) or not isinstance(count, int) or count < 1 for key, count in pairs):
+        return None
+    return pairs
 
 
 def _declare(default: Any, spec: Spec) -> Any:
@@ -107,9 +136,10 @@ def choice(default: str, choices: Sequence[str]) -> Any:
     return _declare(default, Spec("choice", choices=tuple(choices)))
 
 
-def custom(default: Any, convert: Callable[[str, str, Any], Any]) -> Any:
-    """A field checked (and normalised) by `convert(head_type, name, value)`."""
-    return _declare(default, Spec("custom", convert=convert))
+def pairs(default: Callable[[], list], names: tuple[str, str]) -> Any:
+    """A list of `[integer, count >= 1]` pairs (or a `{key: count}` dict), stored as a list of lists;
+    `names`: what the two members are, for messages."""
+    return _declare(default, Spec("pairs", choices=names))
 
 
 def require_tied_width(head_type: str, dims: HeadDims, reason: str, alternatives: str) -> None:
