@@ -30,7 +30,7 @@ from training.evaluation import evaluate_perplexity, generate_texts, generation_
 from training.launching import check_process_count, force_cpu
 from training.loop import train_loop
 from training.modeling import build_model, parameter_counts, position_limit
-from training.options import parse_options
+from training.options import TrainOptions, parse_options
 from training.publish import finish_run
 from training.tokenization import TRAINABLE, load_pretrained_tokenizer, train_tokenizer
 from training.tracking import MetricsLog, Progress, trackers
@@ -147,7 +147,7 @@ def resume_or_start_fresh(accelerator, options, model, checkpoint) -> Progress:
 class PreparedRun:
     """Everything a run uses, prepared by accelerate (`prepare_run`)."""
 
-    options: object
+    options: TrainOptions
     accelerator: Accelerator
     tokenizer: object
     model: torch.nn.Module
@@ -194,8 +194,10 @@ def prepare_run(options) -> PreparedRun:
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
                  "validation_examples": n_validation, "max_steps": max_steps}, 0)
-    return PreparedRun(options, accelerator, tokenizer, model, optimizer, scheduler, train_dl, eval_dl, gen_dl,
-                       validation_split, n_validation, counts, max_steps, progress, log)
+    return PreparedRun(options=options, accelerator=accelerator, tokenizer=tokenizer, model=model, optimizer=optimizer,
+                       scheduler=scheduler, train_dl=train_dl, eval_dl=eval_dl, gen_dl=gen_dl,
+                       validation_split=validation_split, n_validation=n_validation, counts=counts,
+                       max_steps=max_steps, progress=progress, log=log)
 
 
 def final_results(run, step_times) -> dict:
