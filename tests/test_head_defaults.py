@@ -17,7 +17,7 @@ def scratch(head_type: str, seed: int = 0, **options) -> OutHeadsForCausalLM:
                                               head_options=options)).eval()
 
 
-@pytest.mark.parametrize("head_type, options", [("bilinear", {}), ("joint", {"activation": "identity"}),
+@pytest.mark.parametrize("head_type, options", [("bilinear", {}), ("joint", {}),
                                                  ("joint", {"activation": "identity", "joint_dim": 48})])
 def test_identity_init_scores_exactly_what_tied_scores(head_type, options):
     tied, other = scratch("tied"), scratch(head_type, **options)
@@ -27,8 +27,8 @@ def test_identity_init_scores_exactly_what_tied_scores(head_type, options):
         torch.testing.assert_close(other(inputs).logits, tied(inputs).logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("head_type, options", [("bilinear", {"init": "uniform"}), ("joint", {"init": "uniform"}),
-                                                 ("joint", {})])
+@pytest.mark.parametrize("head_type, options", [("bilinear", {"init": "uniform"}), ("joint", {"init": "uniform", "activation": "tanh"}),
+                                                 ("joint", {"activation": "tanh"})])
 def test_paper_inits_and_bounded_activations_do_not_start_at_tied(head_type, options):
     tied, other = scratch("tied"), scratch(head_type, **options)
     other.backbone.load_state_dict(tied.backbone.state_dict())
