@@ -23,8 +23,19 @@ def load_original(pretrained, **kwargs) -> PreTrainedModel:
     return auto.from_pretrained(pretrained, **kwargs)
 
 
+def is_outheads(model: PreTrainedModel) -> bool:
+    return isinstance(model.config, OutHeadsConfig)
+
+
 def original_lm_head(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight, bias) of the original head: `lm_head.bias` plus BART-style bias buffers."""
+    """(weight, bias) of the original head: `lm_head.bias` plus BART-style bias buffers; for an
+    `hf_outheads` model, its head's plain form (`tied` / `linear` heads only)."""
+    if is_outheads(model):
+        plain = model.head.plain_lm_head(model.output_embedding_matrix())
+        if plain is None:
+            raise ValueError(f"This model's '{model.config.head_type}' head is not a plain softmax: only models with "
+                             "a 'tied' or 'linear' head can be converted to another head.")
+        return plain
     head = model.get_output_embeddings()
     if head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings: pass a *ForCausalLM / *ForConditionalGeneration model.")
@@ -40,6 +51,8 @@ def original_lm_head(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor
 
 def backbone_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The original's weights under the names of `AutoModel.from_config(model.config)`."""
+    if is_outheads(model):
+        return model.backbone.state_dict()
     if model.base_model is not model:
         return model.base_model.state_dict()
     head_names = {name for name, module in model.named_modules() if module is model.get_output_embeddings()}
@@ -53,11 +66,13 @@ def backbone_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
 def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwargs):
     original = load_original(pretrained, **kwargs)
     weight, bias = original_lm_head(original)
-    embeddings = original.get_decoder().get_input_embeddings().weight
+    source = original.backbone if is_outheads(original) else original
+    embeddings = source.get_decoder().get_input_embeddings().weight
     if head_type is None:
         head_type = "tied" if weight.shape == embeddings.shape and torch.equal(weight, embeddings) else "linear"
-    text_config = copy.deepcopy(original.config)
-    config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options)
+    text_config = copy.deepcopy(original.config.text_config if is_outheads(original) else original.config)
+    scale = {"hidden_scale": original.config.hidden_scale} if is_outheads(original) else {}
+    config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options, **scale)
     model = cls(config).to(dtype=weight.dtype, device=weight.device)
     if original.config._attn_implementation:  # keep the original's attention (e.g. attn_implementation="eager")
         model.set_attn_implementation(original.config._attn_implementation)

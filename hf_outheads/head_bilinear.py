@@ -25,7 +25,7 @@ INITS = ("identity", "uniform")
 
 @dataclass
 class BilinearOptions(SoftmaxOptions):
-    """init: "identity" (`W_l = I` + noise: starts as `tied`) or "uniform" (DRILL reference)."""
+    """init: "identity" (`W_l = I`: starts as `tied`) or "uniform" (DRILL reference)."""
 
     head_type: ClassVar[str] = "bilinear"
 

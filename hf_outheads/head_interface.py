@@ -104,6 +104,11 @@ class OutputHead(nn.Module):
         `load_state_dict` and `from_pretrained`. Default: nothing to check."""
         return None
 
+    def plain_lm_head(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`(weight, bias)` when this head is a plain `weight h + b` softmax (`tied`, `linear`),
+        so that `from_backbone` can convert a model with this head to another head; else None."""
+        return None
+
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Training-set frequency of every word (`|V|` counts). Training pipelines call it once
         before training, for any head; heads that use word frequencies (a unigram sampling

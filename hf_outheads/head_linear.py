@@ -34,6 +34,9 @@ class LinearHead(SoftmaxHead):
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return self.weight
 
+    def plain_lm_head(self, embeddings):
+        return self.weight.detach(), self.bias.detach()
+
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         with torch.no_grad():
             self.weight.copy_(weight)

@@ -3,6 +3,8 @@ written as DOC paper Eq. 7-11 with every component on the last layer):
 
     p(y|h) = sum_j pi_j softmax(E k_j + b)_y,  pi = softmax(W_pi h) (no bias),  k_j = tanh(W_j h + b_j)
 
+(paper form; the defaults below use `W` instead of `E` and identity latents `k_j = W_j h + b_j`).
+
 All K latents come from one `Linear(d_h, K * d)` (reference zihangdai/mos); `tied=False` gives
 the components their own `|V| x d` matrix `W` instead of `E`; `b` is shared by all components.
 
@@ -10,8 +12,15 @@ Options (defaults):
   - `num_components` = 15: K of the paper's language models (Efficient-MoS translation: 9;
     3 in budget comparisons). The head costs about K times a single softmax.
   - `latent_dim` = None (the embedding width d; must be d when `tied`).
-  - `tied` = True: reference `--tied`. `latent_activation` = "tanh" (paper); "identity" makes
-    a converted pretrained LM exact (see `MixtureHead.init_from_lm_head`).
+  - `tied` = False, `latent_activation` = "identity", `latent_init` = "identity": the
+    components score with their own `|V| x d` matrix `W` (N(0, 0.02^2)), latents
+    `k_j = W_j h + b_j` start at `W_j = I + N(0, 0.02^2)`, `b_j = 0`, and the prior at a uniform
+    `pi` (`W_pi = 0`). Departure, chosen by measurement (training/results): MoS as published
+    (`tied=True`, `latent_activation="tanh"`, `latent_init="uniform"`: torch's Linear init)
+    trains to a much worse model than the tied head on a from-scratch transformer LM:
+    tanh bounds the latents that replace the backbone's unbounded final-norm state, and E at
+    a transformer's init (N(0, 0.02^2)) scores flatter than the reference's uniform(-0.1, 0.1).
+    Identity latents also make a converted pretrained LM exact (`MixtureHead.init_from_lm_head`).
   - `latent_dropout` = 0.0, `dropout_kind` = "locked" (reference: LockedDropout on the
     `(T, B, K*d)` latents, i.e. a separate mask per component shared over time steps).
     Departure: the reference PTB rate is 0.29; a transformer backbone brings its own dropout

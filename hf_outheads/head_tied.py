@@ -36,6 +36,9 @@ class TiedHead(SoftmaxHead):
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings
 
+    def plain_lm_head(self, embeddings):
+        return embeddings.detach(), self.bias.detach()
+
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         with torch.no_grad():
             self.bias.copy_(bias)

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, OPTConfig, OPTForCausalLM
 
 from hf_outheads import OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
-from tiny import ALL, SEQ2SEQ, batch, tiny_original
+from tiny import ALL, SEQ2SEQ, batch, tiny_model, tiny_original
 
 # the head whose form each tiny original has (tests/tiny.py ties GPT-2/T5/BART/Marian, unties the rest)
 EXPECTED_HEAD = {"gpt2": "tied", "llama": "linear", "qwen2": "linear", "mistral": "linear",
@@ -112,3 +112,27 @@ def test_converted_model_keeps_the_originals_mode(tmp_path):
     original.save_pretrained(tmp_path)
     assert not OutHeadsForCausalLM.from_backbone(str(tmp_path)).training
     assert OutHeadsForCausalLM.from_backbone(original.train()).training
+
+
+@pytest.mark.parametrize("head_type", [None, "linear", "bilinear", "drill", "mos"])
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_a_trained_model_with_a_plain_head_converts_to_another_head(name, head_type, tmp_path):
+    """An hf_outheads model with the `tied` head (e.g. one trained with training/train.py) is an
+    ordinary LM: from_backbone swaps its head, exactly where the new head's form allows it."""
+    plain = tiny_model(name, "tied")
+    cls = type(plain)
+    with torch.no_grad():
+        plain.head.bias.normal_()
+    plain.save_pretrained(tmp_path)
+    converted = cls.from_backbone(str(tmp_path), head_type=head_type).eval()
+    assert converted.config.head_type == (head_type or "tied")
+    inputs = batch(name)
+    with torch.no_grad():
+        want, got = plain(**inputs).logits.log_softmax(-1), converted(**inputs).logits.float().log_softmax(-1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_whose_head_is_not_a_plain_softmax_does_not_convert():
+    model = tiny_model("gpt2", "mos")
+    with pytest.raises(ValueError, match="'mos' head is not a plain softmax.*'tied' or 'linear'"):
+        OutHeadsForCausalLM.from_backbone(model, head_type="drill")

@@ -39,7 +39,7 @@ def test_depth_zero_is_the_tied_head(name):
 
 def head(**options) -> DrillHead:
     torch.manual_seed(0)
-    module = DrillHead(DrillOptions(**options), DIMS)
+    module = DrillHead(DrillOptions(**{"dropout": 0.0, **options}), DIMS)
     module.reset_parameters()
     return module
 
@@ -87,13 +87,13 @@ def test_locked_mask_in_the_head_input_and_output_positions():
     Output position (Eq. 12): f_1's output has whole columns dropped, so E^(1) - E does."""
     E = torch.rand(99, 32) + 1.0
     seen = []
-    h = head(depth=1, dropout=0.5, dropout_kind="locked", dropout_position="input").train()
+    h = head(depth=1, activation="sigmoid", dropout=0.5, dropout_kind="locked", dropout_position="input").train()
     h.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
     h.label_matrix(E)
     assert zero_columns_shared_by_all_rows(seen[0])
-    h = head(depth=1, dropout=0.5, dropout_kind="locked", dropout_position="output").train()
+    h = head(depth=1, activation="sigmoid", dropout=0.5, dropout_kind="locked", dropout_position="output").train()
     assert zero_columns_shared_by_all_rows(h.label_matrix(E) - E)
-    h = head(depth=1, dropout=0.5, dropout_kind="standard", dropout_position="output").train()
+    h = head(depth=1, activation="sigmoid", dropout=0.5, dropout_kind="standard", dropout_position="output").train()
     assert not zero_columns_shared_by_all_rows(h.label_matrix(E) - E)
 
 
@@ -152,6 +152,6 @@ def test_needs_equal_embedding_and_hidden_widths():
 
 def test_defaults_are_stored_in_the_config():
     config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="drill")
-    assert config.head_options == {"depth": 2, "activation": "sigmoid", "dropout": 0.0, "dropout_kind": "locked",
+    assert config.head_options == {"depth": 2, "activation": "relu", "dropout": 0.1, "dropout_kind": "standard",
                                    "dropout_position": "input", "residual_previous": False,
                                    "training_loss": "full", "sampled_fraction": 0.25, "sampled_proposal": "uniform"}

@@ -41,7 +41,7 @@ def head(**options) -> JointHead:
     ],
 )
 def test_forms_compute_the_papers_equations(form, formula):
-    module = head(form=form, joint_dim=None if form != "both" else 24)
+    module = head(form=form, activation="tanh", joint_dim=None if form != "both" else 24)
     with torch.no_grad():
         module.bias.normal_()
     E, x = torch.randn(99, 32), torch.randn(5, 32)
@@ -102,7 +102,7 @@ def test_conversion_with_tanh_is_close_and_improves_with_joint_dim():
     1e-2 (d_j = 4d) in log-probability on tiny GPT-2 (logits up to 0.6)."""
     errors = {}
     for joint_dim in (32, 128):
-        exact, want, got = convert("gpt2", "joint", {"joint_dim": joint_dim})
+        exact, want, got = convert("gpt2", "joint", {"joint_dim": joint_dim, "activation": "tanh"})
         assert not exact
         errors[joint_dim] = max_log_prob_error(want, got)
     assert errors[32] < 0.05 and errors[128] < 0.5 * errors[32]
@@ -118,8 +118,8 @@ def test_conversion_of_an_untied_head_uses_it():
 
 def test_joint_dim_defaults_to_the_size_each_form_needs():
     config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="joint")
-    assert config.head_options == {"joint_dim": 32, "activation": "tanh", "form": "both", "init": "identity", "training_loss": "full",
-                                   "sampled_fraction": 0.25, "sampled_proposal": "uniform"}
+    assert config.head_options == {"joint_dim": 32, "activation": "identity", "form": "both", "init": "identity",
+                                   "training_loss": "full", "sampled_fraction": 0.25, "sampled_proposal": "uniform"}
     narrow = HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2)
     for form, size in (("both", 32), ("output", 32), ("context", 16), ("bilinear", 16)):
         assert JointOptions(form=form).resolve(narrow).joint_dim == size
