@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-HEAD_OPTIONS = {  # the settings the performance targets name (shared/design/performance.md)
+HEAD_OPTIONS = {  # the settings the performance targets name (README.md, Performance)
     "tied": {},
     "backbone": {},
     "tied-chunked": {"training_loss": "chunked"},  # the exact loss without N x |V| logits  # the backbone alone (loss on its hidden states): the part of a step no head changes

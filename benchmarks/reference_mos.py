@@ -9,7 +9,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from hf_outheads.heads import IGNORE_INDEX, HeadOutput
+from hf_outheads.head_interface import IGNORE_INDEX, HeadOutput
 
 
 def reference_forward(self, inputs, labels=None):

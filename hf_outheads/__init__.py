@@ -11,7 +11,8 @@ from transformers import AutoConfig
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
-from .heads import HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead
+from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead
+from .options import HeadDims, HeadOptions
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 AutoConfig.register(OutHeadsConfig.model_type, OutHeadsConfig, exist_ok=True)
@@ -46,6 +47,7 @@ def __getattr__(name: str):
 __version__ = "0.1.0"
 __all__ = [
     "HEAD_CLASSES",
+    "IGNORE_INDEX",
     "HeadDims",
     "HeadInputs",
     "HeadOptions",

@@ -3,7 +3,7 @@ its scores, so that a wrapped backbone with a plain head reproduces it exactly."
 
 from __future__ import annotations
 
-from .heads import HeadDims
+from .head_interface import HeadDims
 
 # model_type -> (config attribute, exponent): the final hidden state is multiplied by
 # config.<attribute> ** exponent before the head, when the family's LM head is tied.

@@ -102,9 +102,9 @@ class OutHeadsConfig(PretrainedConfig):
         return getattr(text, name)
 
     def build_head_options(self) -> Any:
-        """Parse and validate `head_options` for `head_type` against the backbone's sizes."""
+        """`head_options` for `head_type`, checked and completed against the backbone's sizes
+        (`HeadOptions.resolve`)."""
         if self.text_config is None:
             raise ValueError(f"This OutHeadsConfig has no text_config (backbone config). {FROM_BACKBONE}")
-        options = get_head_class(self.head_type).Options.from_dict(self.head_type, self.head_options)
-        options.validate(head_dims(self.text_config))
-        return options
+        options = get_head_class(self.head_type).Options.from_dict(self.head_options)
+        return options.resolve(head_dims(self.text_config))

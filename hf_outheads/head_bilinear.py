@@ -11,12 +11,13 @@ measured worse on transformer backbones, see training/results).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 from transformers import initialization as init
 
-from .heads import HeadDims, check_choice
+from .options import HeadDims, choice
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 INITS = ("identity", "uniform")
@@ -24,12 +25,11 @@ INITS = ("identity", "uniform")
 
 @dataclass
 class BilinearOptions(SoftmaxOptions):
-    """init: "identity" (`W_l = I` + noise: starts as `tied`) or "uniform" (DRILL reference)."""
+    """init: "identity" (`W_l = I`: starts as `tied`) or "uniform" (DRILL reference)."""
 
-    init: str = "identity"
+    head_type: ClassVar[str] = "bilinear"
 
-    def validate(self, dims: HeadDims) -> None:
-        check_choice("bilinear", "init", self.init, INITS)
+    init: str = choice("identity", INITS)
 
 
 class BilinearHead(SoftmaxHead):

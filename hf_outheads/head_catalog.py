@@ -14,7 +14,7 @@ from .head_lightrnn import LightRNNHead
 from .head_linear import LinearHead
 from .head_mos import MoSHead
 from .head_tied import TiedHead
-from .heads import OutputHead
+from .head_interface import OutputHead
 
 HEAD_CLASSES: dict[str, type[OutputHead]] = {
     cls.head_type: cls

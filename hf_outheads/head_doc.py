@@ -38,28 +38,15 @@ Conversion from a pretrained LM is exact only without middle-layer components
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from .heads import IGNORE_INDEX, HeadDims, HeadInputs
-from .mixture import MixtureHead, MixtureOptions, check_int
-
-
-def component_pairs(components) -> list[list[int]]:
-    """`[[layer, count], ...]` from a list of pairs or a `{layer: count}` dict (keys may be the
-    strings JSON turns them into)."""
-    items = components.items() if isinstance(components, dict) else components
-    try:
-        pairs = [[int(layer), count] for layer, count in items]
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"Head 'doc': option 'components' must be a list of [layer, count] pairs, got {components!r}."
-        ) from None
-    if not pairs:
-        raise ValueError("Head 'doc': option 'components' is empty; give at least one [layer, count] pair.")
-    return pairs
+from .head_interface import IGNORE_INDEX, HeadInputs
+from .mixture import ACTIVATIONS, LATENT_INITS, MixtureHead, MixtureOptions
+from .options import HeadDims, choice, flag, number, pairs
 
 
 def resolve_layer(layer: int, num_layers: int) -> int:
@@ -75,30 +62,23 @@ def resolve_layer(layer: int, num_layers: int) -> int:
 
 @dataclass
 class DOCOptions(MixtureOptions):
-    components: list = field(default_factory=lambda: [[-1, 15], [-2, 5]])
-    regularizer_weight: float = 0.001
-    middle_layer_norm: bool = True
-    tied: bool = False
-    latent_activation: str = "identity"
-    latent_init: str = "identity"
+    head_type: ClassVar[str] = "doc"
 
-    def __post_init__(self):
-        self.components = component_pairs(self.components)
+    components: list = pairs(lambda: [[-1, 15], [-2, 5]], names=("layer", "count"))
+    regularizer_weight: float = number(0.001, low=0.0)
+    middle_layer_norm: bool = flag(True)
+    tied: bool = flag(False)
+    latent_activation: str = choice("identity", ACTIVATIONS)
+    latent_init: str = choice("identity", LATENT_INITS)
 
     def groups(self, dims: HeadDims) -> list[tuple[int, int]]:
         return [(resolve_layer(layer, dims.num_layers), count) for layer, count in self.components]
 
-    def validate(self, dims: HeadDims) -> None:
-        for _, count in self.components:
-            check_int("doc", 1, **{"components count": count})
+    def complete(self, dims: HeadDims) -> None:
         layers = [layer for layer, _ in self.groups(dims)]
         if len(set(layers)) != len(layers):
-            raise ValueError(f"Head 'doc': option 'components' names a layer twice: {self.components}.")
-        if not isinstance(self.regularizer_weight, (int, float)) or self.regularizer_weight < 0:
-            raise ValueError(f"Head 'doc': option 'regularizer_weight' must be >= 0, got {self.regularizer_weight!r}.")
-        if not isinstance(self.middle_layer_norm, bool):
-            raise ValueError(f"Head 'doc': option 'middle_layer_norm' must be true or false, got {self.middle_layer_norm!r}.")
-        self.check_mixture("doc", dims)
+            self.fail(f"option 'components' names a layer twice: {self.components}.")
+        super().complete(dims)
 
 
 class DOCHead(MixtureHead):
@@ -106,9 +86,8 @@ class DOCHead(MixtureHead):
     Options = DOCOptions
     shared_dropout_mask = True
 
-    def __init__(self, options: DOCOptions, dims: HeadDims):
-        super().__init__(options, dims, options.groups(dims))
-
+    def component_groups(self) -> list[tuple[int, int]]:
+        return self.options.groups(self.dims)
     def layer_state(self, inputs: HeadInputs, layer: int) -> torch.Tensor:
         state = super().layer_state(inputs, layer)
         if layer != self.dims.num_layers and self.options.middle_layer_norm:

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 from transformers import initialization as init
 
-from .heads import HeadDims, check_choice, check_probability
+from .options import HeadDims, choice, flag, integer, probability, require_tied_width
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
@@ -45,34 +46,24 @@ DROPOUT_POSITIONS = ("input", "output")
 
 @dataclass
 class DrillOptions(SoftmaxOptions):
-    """depth: k label-encoder layers (0 = `tied`); activation: sigmoid / relu / tanh;
+    """depth: k label-encoder layers (0 = `tied`); activation: relu / sigmoid / tanh;
     dropout: rate between layers; dropout_kind: "locked" (variational: one `(1, d)` mask
     shared by every vocabulary row, per layer and forward) or "standard" (fresh elementwise
     mask over `|V| x d`); dropout_position: "input" (reference code) or "output" (Eq. 12);
     residual_previous: also add `E^(i-1)` (Eq. 10; the paper found it hurt at k=4)."""
 
-    depth: int = 2
-    activation: str = "relu"
-    dropout: float = 0.1
-    dropout_kind: str = "standard"
-    dropout_position: str = "input"
-    residual_previous: bool = False
+    head_type: ClassVar[str] = "drill"
 
-    def validate(self, dims: HeadDims) -> None:
-        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0:
-            raise ValueError(
-                f"Head 'drill': option 'depth' must be an integer >= 0 (0 is the tied head), got {self.depth!r}."
-            )
-        check_choice("drill", "activation", self.activation, tuple(ACTIVATIONS))
-        check_choice("drill", "dropout_kind", self.dropout_kind, DROPOUT_KINDS)
-        check_choice("drill", "dropout_position", self.dropout_position, DROPOUT_POSITIONS)
-        check_probability("drill", dropout=self.dropout)
-        if dims.embed_dim != dims.hidden_dim:
-            raise ValueError(
-                f"Head 'drill' scores E^(k) h with a residual to E in every layer, so the embedding width "
-                f"d={dims.embed_dim} must equal the hidden width d_h={dims.hidden_dim}. "
-                "Use 'joint' (any d_j) or 'bilinear' for this backbone."
-            )
+    depth: int = integer(2, minimum=0)
+    activation: str = choice("relu", ACTIVATIONS)
+    dropout: float = probability(0.1)
+    dropout_kind: str = choice("standard", DROPOUT_KINDS)
+    dropout_position: str = choice("input", DROPOUT_POSITIONS)
+    residual_previous: bool = flag(False)
+
+    def complete(self, dims: HeadDims) -> None:
+        require_tied_width("drill", dims, "scores E^(k) h with a residual to E in every layer",
+                           "'joint' (any d_j) or 'bilinear'")
 
 
 class LabelDropout(nn.Module):
@@ -102,7 +93,7 @@ class DrillHead(SoftmaxHead):
 
     def __init__(self, options: DrillOptions, dims: HeadDims):
         super().__init__(options, dims)
-        d = dims.embed_dim
+        options, d = self.options, dims.embed_dim
         self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(options.depth))  # U_i, b_i
         self.dropout = LabelDropout(options.dropout, options.dropout_kind)
         self.act = ACTIVATIONS[options.activation]

@@ -26,90 +26,70 @@ bands) or "random" (the paper's random-table ablation). `latent_dim`, `latent_ac
 `tied` = False (paper: codes have their own embeddings); True scores exclusive codes with the
 input embeddings of their words (E[w] k_j).
 
-The table (`codes`, an int64 buffer: saved, loaded, carried by remote code) and how it is
-learnt: `code_table.py`. Capability for training loops (`learns_code_table = True`):
-`set_word_counts(counts)` (initial table), `track_code_costs(True)` (training forwards with
-labels then add each table word's row and column costs), `reassign_codes()` (re-assign, reset
-the costs; call it at an interval), `accumulate_code_costs(inputs, labels)` (explicit pass).
-Costs (paper Eq. 6): `row_cost[w, r] = -sum_t log p(first = F+r | h_t)` and `col_cost[w, c] =
--sum_t log p(second = c | h_t, first = r_w)` over the occurrences t of w, r_w its current row,
-the mixture's own conditionals (unmasked): at the current table their sum is the word's NLL.
-While tracking, the accumulators take `|V| (R + C)` fp32 (370 MB at |V| = 128K, default shape).
-No parameter belongs to a word or a cell (only to codes: rows, columns, exclusive words), so a
-re-assignment permutes no parameter: a moved word takes the scores of its new row and column,
-which the costs measured; the optimiser state stays valid.
+The table (`codes`, an int64 buffer: saved, loaded, carried by remote code), its costs and
+re-assignment: `lightrnn_table.py`. Training hooks (head interface): `set_word_counts` (initial
+table), `begin_periodic_updates` = `track_code_costs(True)` (training forwards with labels add
+the costs), `periodic_update(reduce)` = `reassign_codes(reduce=reduce)`.
 
 Departures: the second code is predicted in the same step from `h` and `e_r` (the paper's
 decoder reads the first code as its next input); one prior mixes whole words (the paper's
 decoder has a MoS at each code step); empty codes are masked instead of padded with dummy
 words; costs are accumulated from the training forwards (dropout on, parameters moving)
-instead of a separate pass; the assignment solver is exact or monotone (see `code_table`).
+instead of a separate pass; the assignment solver is exact or monotone (see `lightrnn_table`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .code_table import (EXACT_LIMIT, TABLE_INITS, check_codes, code_masks, codes_from_counts, codes_from_grid,
-                         default_codes, reassign, resize_codes, row_summaries, table_grid)
-from .heads import (IGNORE_INDEX, HeadDims, HeadInputs, HeadOutput, check_choice, nll_sum_from_logits,
-                    word_count_vector)
+from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits, word_count_vector
+from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
+                             codes_from_counts, codes_from_grid, default_codes, empty_costs, reassign, resize_codes,
+                             row_summaries, table_grid, table_shape)
 from .losses import linear_cross_entropy
-from .mixture import MixtureHead, MixtureOptions, check_int, over_row_chunks
-
-CHUNK_ELEMENTS = 2**24  # per position chunk of the full distribution (and of the cost accumulation)
-MASKED = -1e30  # bias of codes that hold no word: exp underflows to exactly 0 in fp32
+from .mixture import MixtureOptions, PriorAndLatents, over_row_chunks
+from .options import HeadDims, choice, flag, integer
 
 
 @dataclass
 class LightRNNOptions(MixtureOptions):
-    num_components: int = 1
-    num_exclusive: int | None = None
-    num_rows: int | None = None
-    num_columns: int | None = None
-    table_init: str = "frequency"
-    tied: bool = False
+    head_type: ClassVar[str] = "lightrnn"
 
-    def validate(self, dims: HeadDims) -> None:
-        check_int("lightrnn", 1, num_components=self.num_components)
-        self.check_mixture("lightrnn", dims)
-        check_choice("lightrnn", "table_init", self.table_init, TABLE_INITS)
-        V = dims.vocab_size
-        f = min(4096, V // 4) if self.num_exclusive is None else self.num_exclusive
-        check_int("lightrnn", 0, num_exclusive=f)
-        n = max(V - f, 1)
-        c = self.num_columns or (math.ceil(n / self.num_rows) if self.num_rows else math.ceil(math.sqrt(n)))
-        check_int("lightrnn", 1, num_columns=c)
-        r = self.num_rows or math.ceil(n / c)
-        check_int("lightrnn", 1, num_rows=r)
-        if f + r * c < V:
-            raise ValueError(f"Head 'lightrnn': num_exclusive + num_rows * num_columns = {f} + {r} * {c} codes "
-                             f"cannot hold the {V} words; enlarge the table.")
-        self.num_exclusive, self.num_rows, self.num_columns = f, r, c
+    num_components: int = integer(1, minimum=1)
+    num_exclusive: int | None = integer(None, minimum=0, optional=True)
+    num_rows: int | None = integer(None, minimum=1, optional=True)
+    num_columns: int | None = integer(None, minimum=1, optional=True)
+    table_init: str = choice("frequency", TABLE_INITS)
+    tied: bool = flag(False)
+
+    def complete(self, dims: HeadDims) -> None:
+        """The table shape from the vocabulary (module docstring), so a saved config states it."""
+        super().complete(dims)
+        shape = table_shape(dims.vocab_size, self.num_exclusive, self.num_rows, self.num_columns)
+        self.num_exclusive, self.num_rows, self.num_columns = shape
 
 
-class LightRNNHead(MixtureHead):
+class LightRNNHead(PriorAndLatents, OutputHead):
+    """`PriorAndLatents` (the prior only with K > 1: log pi = 0 otherwise) plus the code parameters."""
+
     head_type = "lightrnn"
     Options = LightRNNOptions
-    learns_code_table = True  # capability: see the module docstring
+    returns_log_probs = True
+    updates_periodically = True  # re-assigns its table: see the module docstring
 
     def __init__(self, options: LightRNNOptions, dims: HeadDims):
-        options.validate(dims)  # resolves the table shape when built without a config
-        super().__init__(dataclasses.replace(options, tied=True), dims, [(dims.num_layers, options.num_components)])
-        self.options = options
-        self.bias = None  # MixtureHead's per-word bias: codes have their own scores here
-        if options.num_components == 1:
-            self.prior = None  # log pi = 0: no parameter without a gradient
+        super().__init__(options, dims)
+        options, K = self.options, self.options.num_components
+        self.build_prior_and_latents([(dims.num_layers, K)], options.latent_dim or dims.embed_dim, with_prior=K > 1)
         self.table = (options.num_exclusive, options.num_rows, options.num_columns)
-        f, r, c = self.table
-        d, K = self.latent_size, self.num_components
+        (f, r, c), d = self.table, self.latent_size
         self.column_latents = nn.Linear(dims.hidden_dim, K * d)
         self.first_weight = nn.Parameter(torch.empty(r if options.tied else f + r, d))
         self.first_bias = nn.Parameter(torch.empty(f + r))
@@ -125,9 +105,9 @@ class LightRNNHead(MixtureHead):
     def reset_parameters(self) -> None:
         """Linear-layer init (as `mos`) for prior and latents, uniform(-0.1, 0.1) for code
         embeddings (as `mos`'s untied W), zero biases, the default table."""
+        self.init_prior_and_latents(identity=False)
         bound = self.dims.hidden_dim**-0.5
-        linears = ([self.prior] if self.prior is not None else []) + list(self.latents) + [self.column_latents]
-        for tensor in [p for linear in linears for p in linear.parameters()]:
+        for tensor in self.column_latents.parameters():
             init.uniform_(tensor, -bound, bound)
         for tensor in (self.first_weight, self.row_embedding, self.second_weight):
             init.uniform_(tensor, -0.1, 0.1)
@@ -136,7 +116,7 @@ class LightRNNHead(MixtureHead):
         init.copy_(self.codes, self.default_table().to(self.codes.device))
 
     def check_state(self) -> None:
-        """A loaded table gives every word a distinct code in range (`code_table.check_codes`)."""
+        """A loaded table gives every word a distinct code in range (`lightrnn_table.check_codes`)."""
         check_codes(self.codes, self.table[0] + self.table[1] * self.table[2], "Head 'lightrnn': the loaded 'head.codes'")
 
     # ----- the distribution -----
@@ -147,8 +127,7 @@ class LightRNNHead(MixtureHead):
         k = self.latent_states(inputs).float()
         pre = self.column_latents(h).unflatten(-1, (K, d)).float()
         mask = self.latent_dropout(torch.ones_like(pre)) if self.training and self.options.latent_dropout else None
-        log_prior = (F.log_softmax(self.prior(h).float(), -1) if self.prior is not None
-                     else pre.new_zeros(*h.shape[:-1], 1))
+        log_prior = self.log_prior(h)
         flat = lambda t: None if t is None else t.reshape(-1, K, d)
         return log_prior.reshape(-1, log_prior.shape[-1]), flat(k), flat(pre), flat(mask)
 
@@ -172,11 +151,10 @@ class LightRNNHead(MixtureHead):
         z = torch.tanh(z) if self.options.latent_activation == "tanh" else z
         return z if mask is None else z * mask
 
-    def gold(self, log_prior, k, pre, mask, labels, params):
-        """Per position: NLL of the gold word, its gold-row column scores `(n, K, C)` before
-        the bias, its row.
-        First codes through the chunked `losses.linear_cross_entropy` over the `n * K` latents
-        (as `mixture.mixture_nll`), columns of the gold row only."""
+    def label_nll(self, log_prior, k, pre, mask, labels, params):
+        """Per position: NLL of the label (the gold word), its row's column scores `(n, K, C)`
+        before the bias, its row. First codes through the chunked `losses.linear_cross_entropy`
+        over the `n * K` latents (as `mixture.mixture_nll`), columns of the label's row only."""
         W1, b1, E_row, W2, b2 = params
         f, _, c = self.table
         K = k.shape[1]
@@ -192,14 +170,16 @@ class LightRNNHead(MixtureHead):
         return -torch.logsumexp(log_prior + logp, -1), s2, row
 
     def log_probs(self, log_prior, k, pre, mask, params) -> torch.Tensor:
-        """Full `log p(.|h)`, `(n, |V|)`, in checkpointed position chunks."""
+        """Full `log p(.|h)`, `(n, |V|)`, in checkpointed position chunks (`positions_log_probs`)."""
         K, (f, r, c) = self.num_components, self.table
         per_row = K * (r * (self.latent_size + 2 * c) + 2 * (f + r * c + self.dims.vocab_size))
         rows = max(1, CHUNK_ELEMENTS // per_row)
         grad = torch.is_grad_enabled() and (k.requires_grad or pre.requires_grad)
-        return over_row_chunks(self._chunk, (log_prior, k, pre, mask), params, rows, grad, self.dims.vocab_size)
+        return over_row_chunks(self.positions_log_probs, (log_prior, k, pre, mask), params, rows, grad,
+                               self.dims.vocab_size)
 
-    def _chunk(self, log_prior, k, pre, mask, W1, b1, E_row, W2, b2):
+    def positions_log_probs(self, log_prior, k, pre, mask, W1, b1, E_row, W2, b2):
+        """`log p(.|h)` of a few positions: every code's probability, then each word's code."""
         f = self.table[0]
         lp1 = F.linear(k, W1, b1).log_softmax(-1)  # (n, K, F + R)
         z = self.column_latent(pre.unsqueeze(-2), E_row, None if mask is None else mask.unsqueeze(-2))
@@ -219,64 +199,53 @@ class LightRNNHead(MixtureHead):
             return HeadOutput(logits=logits, nll_sum=nll)
         keep = labels.reshape(-1) != IGNORE_INDEX
         states, labels = [t if t is None else t[keep] for t in states], labels.reshape(-1)[keep]
-        nll, s2, row = self.gold(*states, labels, params)
+        nll, s2, row = self.label_nll(*states, labels, params)
         if self.training and self.tracking_code_costs:  # never from evaluation data
             self._add_costs(states[0].detach(), states[1].detach(), s2.detach(), labels, row, params)
         return HeadOutput(logits=None, nll_sum=nll.sum())
 
-    # ----- learning the table (capability `learns_code_table`) -----
+    # ----- learning the table (the interface's periodic update) -----
+    def periodic_update(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:
+        """`reassign_codes`, its statistics as `code_*` metrics."""
+        return {f"code_{key}": value for key, value in self.reassign_codes(reduce=reduce).items()}
+
     def track_code_costs(self, enabled: bool = True) -> None:
         """While enabled, training-mode forwards with labels accumulate the code costs."""
         self.tracking_code_costs = enabled
+
+    begin_periodic_updates = track_code_costs  # the interface's name for it
 
     @torch.no_grad()
     def accumulate_code_costs(self, inputs: HeadInputs, labels: torch.Tensor) -> None:
         """Add the row and column costs of this batch's table words (labels aligned with `inputs.hidden`)."""
         keep = labels.reshape(-1) != IGNORE_INDEX
         states, params = [t if t is None else t[keep] for t in self.code_states(inputs)], self.code_params(inputs.embeddings)
-        _, s2, row = self.gold(*states, labels.reshape(-1)[keep], params)
+        _, s2, row = self.label_nll(*states, labels.reshape(-1)[keep], params)
         self._add_costs(states[0], states[1], s2, labels.reshape(-1)[keep], row, params)
 
-    @torch.no_grad()
     def _add_costs(self, log_prior, k, s2, labels, row, params) -> None:
-        """Unmasked conditionals (an empty row or cell may receive words): `-log p(first = F+r)`
-        for every row, `-log p(second = c | first = current row)` for every column."""
-        (f, r, c), W1, b1 = self.table, params[0], self.first_bias.float()
-        if self._costs is None:
-            self._costs = [torch.zeros(self.dims.vocab_size, r, device=k.device),
-                           torch.zeros(self.dims.vocab_size, c, device=k.device), 0]
-        table_word = self.codes[labels] >= f
-        log_prior, k, s2, labels, row = (t[table_word] for t in (log_prior, k, s2, labels, row))
-        step = max(1, CHUNK_ELEMENTS // (k.shape[1] * (f + r)))
-        for s in range(0, k.shape[0], step):
-            part = slice(s, s + step)
-            joint = F.linear(k[part], W1, b1).log_softmax(-1)[..., f:] + log_prior[part].unsqueeze(-1)  # log pi_j p_j(r)
-            posterior = joint.gather(-1, row[part].view(-1, 1, 1).expand(-1, joint.shape[1], 1)).squeeze(-1)
-            posterior = posterior - posterior.logsumexp(-1, keepdim=True)  # components given the current row
-            col = torch.logsumexp(posterior.unsqueeze(-1) + (s2[part] + self.second_bias.float()).log_softmax(-1), 1)
-            self._costs[0].index_add_(0, labels[part], -joint.logsumexp(1))
-            self._costs[1].index_add_(0, labels[part], -col)
-        self._costs[2] += int(labels.numel())
+        self._costs = self._costs or empty_costs(self.dims.vocab_size, *self.table[1:], k.device)
+        add_costs(self._costs, self.codes, self.table, log_prior, k, s2, labels, row, params[0],
+                  self.first_bias.float(), self.second_bias.float())
 
     @torch.no_grad()
-    def reassign_codes(self, method: str = "auto", exact_limit: int = EXACT_LIMIT, max_sweeps: int = 8) -> dict:
-        """Re-assign the table words to cells from the costs accumulated since the last call
-        (summed over processes under torch.distributed), then reset them. Returns
-        {tokens, method, cost_before, cost_after, moved}; without costs, changes nothing."""
+    def reassign_codes(self, method: str = "auto", exact_limit: int = EXACT_LIMIT, max_sweeps: int = 8,
+                       reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:
+        """Re-assign the table words from the costs accumulated since the last call, reset them;
+        `reduce` sums them over processes (then every process calls this, with or without costs).
+        Returns {tokens, method, cost_before, cost_after, moved}; without costs, changes nothing."""
         costs, self._costs = self._costs, None
+        if reduce is not None:
+            row_cost, col_cost, tokens = costs or empty_costs(self.dims.vocab_size, *self.table[1:], self.codes.device)
+            tokens = reduce(torch.tensor([float(tokens)], device=row_cost.device))
+            costs = [reduce(row_cost), reduce(col_cost), int(tokens.item())] if tokens.item() else None
         if costs is None:
             return {"tokens": 0, "moved": 0}
-        row_cost, col_cost, tokens = costs
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            counts = torch.tensor([float(tokens)], device=row_cost.device)
-            for tensor in (row_cost, col_cost, counts):
-                torch.distributed.all_reduce(tensor)
-            tokens = int(counts.item())
-        f = self.table[0]
-        grid, stats = reassign(table_grid(self.codes, *self.table), row_cost.double().cpu().numpy(),
+        (row_cost, col_cost, tokens), (f, r, c) = costs, self.table
+        grid, stats = reassign(table_grid(self.codes, f, r, c), row_cost.double().cpu().numpy(),
                                col_cost.double().cpu().numpy(), method, exact_limit, max_sweeps)
         self.codes.copy_(codes_from_grid(self.codes, grid, f))
-        check_codes(self.codes, f + self.table[1] * self.table[2])
+        check_codes(self.codes, f + r * c)
         return {"tokens": tokens, **stats}
 
     @torch.no_grad()
@@ -296,7 +265,7 @@ class LightRNNHead(MixtureHead):
     @torch.no_grad()
     def resize_vocab(self, new_size: int) -> None:
         """Removed words free their codes, new words take free cells (then free exclusive
-        codes); growing past `F + R*C` codes is an error (`code_table.resize_codes`)."""
+        codes); growing past `F + R*C` codes is an error (`lightrnn_table.resize_codes`)."""
         self.codes = resize_codes(self.codes, new_size, *self.table)
         self._costs = None
         self.dims = dataclasses.replace(self.dims, vocab_size=new_size)

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 from transformers import initialization as init
 
-from .heads import HeadDims, HeadOptions
-from .softmax import SoftmaxHead
+from .options import HeadDims
+from .softmax import SoftmaxHead, SoftmaxOptions
+
+
+class LinearOptions(SoftmaxOptions):
+    head_type: ClassVar[str] = "linear"
 
 
 class LinearHead(SoftmaxHead):
     """`W` is `|V| x d_h`, independent of the input embeddings (what Llama/Qwen2 ship)."""
 
     head_type = "linear"
+    Options = LinearOptions
 
-    def __init__(self, options: HeadOptions, dims: HeadDims):
+    def __init__(self, options: LinearOptions, dims: HeadDims):
         super().__init__(options, dims)
         self.weight = nn.Parameter(torch.empty(dims.vocab_size, dims.hidden_dim))
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))

@@ -45,21 +45,20 @@ training mode the model returns `logits=None` (loss only) unless called with `re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from .heads import HeadDims
-from .mixture import MixtureHead, MixtureOptions, check_int
+from .mixture import ACTIVATIONS, LATENT_INITS, MixtureHead, MixtureOptions
+from .options import choice, flag, integer
 
 
 @dataclass
 class MoSOptions(MixtureOptions):
-    num_components: int = 15
-    tied: bool = False
-    latent_activation: str = "identity"
-    latent_init: str = "identity"
+    head_type: ClassVar[str] = "mos"
 
-    def validate(self, dims: HeadDims) -> None:
-        check_int("mos", 1, num_components=self.num_components)
-        self.check_mixture("mos", dims)
+    num_components: int = integer(15, minimum=1)
+    tied: bool = flag(False)
+    latent_activation: str = choice("identity", ACTIVATIONS)
+    latent_init: str = choice("identity", LATENT_INITS)
 
 
 class MoSHead(MixtureHead):
@@ -67,5 +66,5 @@ class MoSHead(MixtureHead):
     Options = MoSOptions
     shared_dropout_mask = False
 
-    def __init__(self, options: MoSOptions, dims: HeadDims):
-        super().__init__(options, dims, [(dims.num_layers, options.num_components)])
+    def component_groups(self) -> list[tuple[int, int]]:
+        return [(self.dims.num_layers, self.options.num_components)]

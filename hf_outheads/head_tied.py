@@ -3,25 +3,21 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 from transformers import initialization as init
 
-from .heads import HeadDims
+from .options import HeadDims, require_tied_width
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 
-def check_tied_dims(head_type: str, dims: HeadDims) -> None:
-    if dims.embed_dim != dims.hidden_dim:
-        raise ValueError(
-            f"Head '{head_type}' scores E h, so the embedding width d={dims.embed_dim} must equal the "
-            f"hidden width d_h={dims.hidden_dim}. Use 'bilinear' or 'linear' for this backbone."
-        )
-
-
 class TiedOptions(SoftmaxOptions):
-    def validate(self, dims: HeadDims) -> None:
-        check_tied_dims("tied", dims)
+    head_type: ClassVar[str] = "tied"
+
+    def complete(self, dims: HeadDims) -> None:
+        require_tied_width("tied", dims, "scores E h", "'bilinear' or 'linear'")
 
 
 class TiedHead(SoftmaxHead):
@@ -30,7 +26,7 @@ class TiedHead(SoftmaxHead):
     head_type = "tied"
     Options = TiedOptions
 
-    def __init__(self, options: SoftmaxOptions, dims: HeadDims):
+    def __init__(self, options: TiedOptions, dims: HeadDims):
         super().__init__(options, dims)
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput
 
-from .heads import IGNORE_INDEX
+from .head_interface import IGNORE_INDEX
 
 
 @dataclass

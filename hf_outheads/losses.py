@@ -1,8 +1,8 @@
 """Memory-lean cross-entropy of a linear layer: per-row NLL of `softmax(x W^T + b)` without
 ever holding the `N x |V|` logits (nor their gradient) for all rows at once.
 
-Used by the mixture heads for their exact loss over `J * N` latent rows
-(shared/design/performance.md); usable by any head whose scores are `x W^T + b`.
+Used by the mixture heads for their exact loss over `J * N` latent rows; usable by any head
+whose scores are `x W^T + b`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .heads import IGNORE_INDEX
+from .head_interface import IGNORE_INDEX
 
 # Logits elements per chunk (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
 CHUNK_ELEMENTS = 2**25

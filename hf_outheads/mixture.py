@@ -3,7 +3,7 @@
 Yang et al. 2018 Sec. 3.3). `doc` with every component on the last layer is `mos`: same
 parameters (same names), same computation.
 
-Numerics (shared/design/heads.md): mixed in log space in fp32,
+Numerics: mixed in log space in fp32,
 `log p(y) = logsumexp_j(log pi_j + log_softmax(s_j)[y])`, and `logits` holds these normalised
 log-probabilities. The reference codes mix probabilities and take `log(p + 1e-8)`; we do not.
 The training loss never builds `N x J x |V|`: it is `-logsumexp_j(log pi_j - nll_j)` with
@@ -20,9 +20,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
-from .heads import (IGNORE_INDEX, HeadDims, HeadInputs, HeadOptions, HeadOutput, OutputHead, check_choice,
-                    check_probability, nll_sum_from_logits)
+from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits
 from .losses import linear_cross_entropy
+from .options import HeadDims, HeadOptions, choice, flag, integer, probability
 
 ACTIVATIONS = ("tanh", "identity")
 LATENT_INITS = ("identity", "uniform")
@@ -31,37 +31,109 @@ DROPOUT_KINDS = ("locked", "standard")
 MIX_CHUNK_ELEMENTS = 2**24  # per chunk of the `rows x J x |V|` scores when full log-probs are needed
 
 
-def check_int(head_type: str, minimum: int, **values) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(f"Head '{head_type}': option '{name}' must be an integer >= {minimum}, got {value!r}.")
-
-
 @dataclass
 class MixtureOptions(HeadOptions):
-    """Options both mixtures share (defaults: the reference codes, except the dropout rate)."""
+    """Options of the prior and latents (`mos`, `doc`, `lightrnn`; defaults: the reference codes,
+    except the dropout rate)."""
 
-    latent_dim: int | None = None  # d of the latents k_j; None = the embedding width (needed when tied)
-    tied: bool = True  # s_j = E k_j + b (reference `tie_weights`); False: own |V| x latent_dim matrix W
-    latent_activation: str = "tanh"  # "tanh" (MoS, reference codes) or "identity" (DOC paper Eq. 11 as printed)
-    latent_dropout: float = 0.0  # rate on the latents; MoS PTB 0.29, DOC 0.6 (see the heads' docstrings)
-    dropout_kind: str = "locked"  # "locked": one mask per sequence reused at every time step; "standard"
-    latent_init: str = "uniform"  # "uniform": reference init; "identity": W_n = I + noise, b_n = 0, uniform prior
+    latent_dim: int | None = integer(None, minimum=1, optional=True)  # d of k_j; None = embedding width
+    tied: bool = flag(True)  # s_j = E k_j + b (reference `tie_weights`); False: own |V| x latent_dim matrix W
+    latent_activation: str = choice("tanh", ACTIVATIONS)  # "tanh" (MoS, reference) or "identity" (DOC Eq. 11)
+    latent_dropout: float = probability(0.0)  # rate on the latents; MoS PTB 0.29, DOC 0.6 (heads' docstrings)
+    dropout_kind: str = choice("locked", DROPOUT_KINDS)  # "locked": one mask per sequence for all steps
+    latent_init: str = choice("uniform", LATENT_INITS)  # "uniform": reference; "identity": W_n = I + noise
 
-    def check_mixture(self, head_type: str, dims: HeadDims) -> None:
-        if self.latent_dim is not None:
-            check_int(head_type, 1, latent_dim=self.latent_dim)
-        if not isinstance(self.tied, bool):
-            raise ValueError(f"Head '{head_type}': option 'tied' must be true or false, got {self.tied!r}.")
+    def complete(self, dims: HeadDims) -> None:
         if self.tied and self.latent_dim not in (None, dims.embed_dim):
-            raise ValueError(
-                f"Head '{head_type}' with tied=True scores E k_j, so latent_dim must equal the embedding width "
-                f"d={dims.embed_dim} (got {self.latent_dim}). Use tied=False for another latent size."
-            )
-        check_choice(head_type, "latent_activation", self.latent_activation, ACTIVATIONS)
-        check_probability(head_type, latent_dropout=self.latent_dropout)
-        check_choice(head_type, "dropout_kind", self.dropout_kind, DROPOUT_KINDS)
-        check_choice(head_type, "latent_init", self.latent_init, LATENT_INITS)
+            self.fail(f"with tied=True it scores E k_j, so latent_dim must equal the embedding width "
+                      f"d={dims.embed_dim} (got {self.latent_dim}). Use tied=False for another latent size.")
+
+
+class PriorAndLatents:
+    """The prior `pi = softmax(W_pi h)` (no bias) and the component latents `k = act(W_n h^n + b_n)`
+    shared by the mixtures and `lightrnn`: a mix-in of `OutputHead` subclasses.
+    `build_prior_and_latents` registers `prior` and `latents[g]` (all components of group g in one
+    Linear) on the head itself, so their parameter names are `head.prior.*`, `head.latents.{g}.*`
+    (a sub-module would rename them and break saved checkpoints). `groups` lists (backbone layer,
+    component count); layer `dims.num_layers` means `inputs.hidden` (final norm and `hidden_scale`
+    applied). Options read: `latent_activation`, `latent_dropout`, `dropout_kind`."""
+
+    shared_dropout_mask = False  # doc: one locked mask for all components; mos: one per component
+    tanh_init_scale = 0.01  # eps of the tanh conversion (see `MixtureHead.init_from_lm_head`)
+
+    def build_prior_and_latents(self, groups: list[tuple[int, int]], latent_size: int, with_prior: bool = True):
+        """`with_prior=False`: log pi = 0, one component (no parameter without a gradient)."""
+        self.groups = tuple((int(layer), int(count)) for layer, count in groups)
+        self.latent_size = latent_size
+        self.num_components = sum(count for _, count in self.groups)
+        hidden_dim = self.dims.hidden_dim
+        prior = nn.Linear(hidden_dim, self.num_components, bias=False)  # drawn either way: same seed, same init
+        self.prior = prior if with_prior else None
+        self.latents = nn.ModuleList(nn.Linear(hidden_dim, c * latent_size) for _, c in self.groups)
+
+    @property
+    def layer_indices(self) -> tuple[int, ...]:
+        return tuple(sorted({layer for layer, _ in self.groups if layer != self.dims.num_layers}))
+
+    def init_prior_and_latents(self, identity: bool) -> None:
+        """`identity`: every latent map starts at `I + N(0, 0.02^2)` (a component scores about
+        what `tied` scores), latent biases and the prior at zero (a uniform prior). Otherwise the
+        reference init: torch's default Linear init, uniform(+-1/sqrt(d_h)), for every parameter."""
+        if identity:
+            eye = torch.eye(self.latent_size, self.dims.hidden_dim)
+            if self.prior is not None:
+                init.zeros_(self.prior.weight)
+            for (_, count), linear in zip(self.groups, self.latents):
+                init.normal_(linear.weight, 0.0, IDENTITY_INIT_STD)
+                with torch.no_grad():
+                    linear.weight.add_(eye.repeat(count, 1).to(linear.weight))
+                init.zeros_(linear.bias)
+            return
+        bound = self.dims.hidden_dim**-0.5
+        linears = ([self.prior] if self.prior is not None else []) + list(self.latents)
+        for tensor in [p for linear in linears for p in linear.parameters()]:
+            init.uniform_(tensor, -bound, bound)
+
+    def log_prior(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`log pi`, `(..., J)` fp32 (`(..., 1)` zeros without a prior)."""
+        if self.prior is None:
+            return hidden.new_zeros(*hidden.shape[:-1], 1, dtype=torch.float32)
+        return F.log_softmax(self.prior(hidden).float(), dim=-1)
+
+    def layer_state(self, inputs: HeadInputs, layer: int) -> torch.Tensor:
+        if layer == self.dims.num_layers:
+            return inputs.hidden
+        if layer not in inputs.layers:
+            raise ValueError(f"Head '{self.head_type}' needs hidden_states[{layer}]; pass it in HeadInputs.layers.")
+        return inputs.layers[layer]
+
+    def latent_states(self, inputs: HeadInputs) -> torch.Tensor:
+        """`k` of every component, `(..., J, d)`, activation and dropout applied."""
+        parts = [
+            linear(self.layer_state(inputs, layer)).unflatten(-1, (count, self.latent_size))
+            for (layer, count), linear in zip(self.groups, self.latents)
+        ]
+        k = torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
+        k = torch.tanh(k) if self.options.latent_activation == "tanh" else k
+        return self.latent_dropout(k)
+
+    def latent_dropout(self, k: torch.Tensor) -> torch.Tensor:
+        """Locked: the mask is drawn per sequence (first dim) and shared over time steps,
+        `(B, 1, J, d)` for `(B, T, J, d)` latents; `doc` also shares it over components."""
+        p = self.options.latent_dropout
+        if not self.training or p == 0:
+            return k
+        if self.options.dropout_kind == "standard":
+            return F.dropout(k, p, training=True)
+        shape = [k.shape[0]] + [1] * (k.dim() - 3) + [1 if self.shared_dropout_mask else k.shape[-2], k.shape[-1]]
+        return k * k.new_empty(shape).bernoulli_(1 - p).div_(1 - p)
+
+    def needs_logits(self, inputs: HeadInputs, labels: torch.Tensor | None) -> bool:
+        """Full log-probabilities without labels, when `return_logits` asks, and outside
+        training; a training forward with labels gets the exact loss alone."""
+        if labels is None:
+            return True
+        return (not self.training) if inputs.return_logits is None else inputs.return_logits
 
 
 def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -113,87 +185,33 @@ def mixture_nll(log_prior, latents, weight, bias, labels) -> torch.Tensor:
     return -torch.logsumexp(log_prior.float() - nll, dim=-1)
 
 
-class MixtureHead(OutputHead):
-    """Base of `mos` / `doc`. `groups` lists (backbone layer, component count); layer
-    `dims.num_layers` means `inputs.hidden`, the state every head reads (final norm and
-    `hidden_scale` applied). Parameters: `prior` (W_pi, no bias), `latents[g]` (W_n, b_n of
-    group g, all its components in one Linear), `weight` (untied only) and `bias` (b, shared)."""
+class MixtureHead(PriorAndLatents, OutputHead):
+    """Base of `mos` / `doc`: `PriorAndLatents` (groups from `component_groups`), `weight`
+    (W, untied only) and `bias` (b, shared by the components)."""
 
     returns_log_probs = True
-    shared_dropout_mask = False  # doc: one locked mask for all components; mos: one per component
-    tanh_init_scale = 0.01  # eps of the tanh conversion (see init_from_lm_head)
 
-    def __init__(self, options: MixtureOptions, dims: HeadDims, groups: list[tuple[int, int]]):
+    def __init__(self, options: MixtureOptions, dims: HeadDims):
         super().__init__(options, dims)
-        self.groups = tuple((int(layer), int(count)) for layer, count in groups)
-        self.latent_size = options.latent_dim or dims.embed_dim
-        self.num_components = sum(count for _, count in self.groups)
-        self.prior = nn.Linear(dims.hidden_dim, self.num_components, bias=False)
-        self.latents = nn.ModuleList(nn.Linear(dims.hidden_dim, c * self.latent_size) for _, c in self.groups)
-        self.weight = None if options.tied else nn.Parameter(torch.empty(dims.vocab_size, self.latent_size))
+        self.build_prior_and_latents(self.component_groups(), self.options.latent_dim or dims.embed_dim)
+        self.weight = None if self.options.tied else nn.Parameter(torch.empty(dims.vocab_size, self.latent_size))
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 
-    @property
-    def layer_indices(self) -> tuple[int, ...]:
-        return tuple(sorted({layer for layer, _ in self.groups if layer != self.dims.num_layers}))
+    def component_groups(self) -> list[tuple[int, int]]:
+        """(backbone layer, component count) pairs, from the resolved `self.options`."""
+        raise NotImplementedError
 
     def reset_parameters(self) -> None:
-        """`latent_init="uniform"`, the reference init: torch's default Linear init for prior and
-        latents, uniform(-0.1, 0.1) for an untied output matrix. `"identity"`: every latent map
-        starts at `I + N(0, 0.02^2)` (a component scores about what `tied` scores), latent biases
-        and the prior at zero (a uniform prior), an untied `W` at N(0, 0.02^2). Output bias zero."""
-        if self.options.latent_init == "identity":
-            eye = torch.eye(self.latent_size, self.dims.hidden_dim)
-            init.zeros_(self.prior.weight)
-            for (_, count), linear in zip(self.groups, self.latents):
-                init.normal_(linear.weight, 0.0, IDENTITY_INIT_STD)
-                with torch.no_grad():
-                    linear.weight.add_(eye.repeat(count, 1).to(linear.weight))
-                init.zeros_(linear.bias)
-            if self.weight is not None:
+        """`latent_init` for prior and latents (`init_prior_and_latents`); an untied `W`:
+        N(0, 0.02^2) with "identity", uniform(-0.1, 0.1) (reference) otherwise. Output bias zero."""
+        identity = self.options.latent_init == "identity"
+        self.init_prior_and_latents(identity)
+        if self.weight is not None:
+            if identity:
                 init.normal_(self.weight, 0.0, 0.02)
-        else:
-            bound = self.dims.hidden_dim**-0.5
-            for tensor in [self.prior.weight] + [p for linear in self.latents for p in linear.parameters()]:
-                init.uniform_(tensor, -bound, bound)
-            if self.weight is not None:
+            else:
                 init.uniform_(self.weight, -0.1, 0.1)
         init.zeros_(self.bias)
-
-    def layer_state(self, inputs: HeadInputs, layer: int) -> torch.Tensor:
-        if layer == self.dims.num_layers:
-            return inputs.hidden
-        if layer not in inputs.layers:
-            raise ValueError(f"Head '{self.head_type}' needs hidden_states[{layer}]; pass it in HeadInputs.layers.")
-        return inputs.layers[layer]
-
-    def latent_states(self, inputs: HeadInputs) -> torch.Tensor:
-        """`k` of every component, `(..., J, d)`, activation and dropout applied."""
-        parts = [
-            linear(self.layer_state(inputs, layer)).unflatten(-1, (count, self.latent_size))
-            for (layer, count), linear in zip(self.groups, self.latents)
-        ]
-        k = torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
-        k = torch.tanh(k) if self.options.latent_activation == "tanh" else k
-        return self.latent_dropout(k)
-
-    def latent_dropout(self, k: torch.Tensor) -> torch.Tensor:
-        """Locked: the mask is drawn per sequence (first dim) and shared over time steps,
-        `(B, 1, J, d)` for `(B, T, J, d)` latents; `doc` also shares it over components."""
-        p = self.options.latent_dropout
-        if not self.training or p == 0:
-            return k
-        if self.options.dropout_kind == "standard":
-            return F.dropout(k, p, training=True)
-        shape = [k.shape[0]] + [1] * (k.dim() - 3) + [1 if self.shared_dropout_mask else k.shape[-2], k.shape[-1]]
-        return k * k.new_empty(shape).bernoulli_(1 - p).div_(1 - p)
-
-    def needs_logits(self, inputs: HeadInputs, labels: torch.Tensor | None) -> bool:
-        """Full log-probabilities without labels, when `return_logits` asks, and outside
-        training; a training forward with labels gets the exact loss alone."""
-        if labels is None:
-            return True
-        return (not self.training) if inputs.return_logits is None else inputs.return_logits
 
     def aux_loss(self, log_prior: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         return None
@@ -202,7 +220,7 @@ class MixtureHead(OutputHead):
         """Without labels (generation, scoring): `logits` = log p. With labels in training mode:
         the exact loss only, `logits=None`, unless `inputs.return_logits` is True (model
         forward argument `return_logits`). With labels otherwise (evaluation): both."""
-        log_prior = F.log_softmax(self.prior(inputs.hidden).float(), dim=-1)
+        log_prior = self.log_prior(inputs.hidden)
         latents = self.latent_states(inputs)
         weight = inputs.embeddings if self.weight is None else self.weight
         aux = self.aux_loss(log_prior, labels) if self.training and labels is not None else None

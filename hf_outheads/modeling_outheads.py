@@ -1,7 +1,7 @@
 """`OutHeadsForCausalLM` / `OutHeadsForSeq2SeqLM`: any transformers backbone
 (`AutoModel.from_config(config.text_config)`) with a swappable output head.
 
-The classes only use the head interface of `heads.py`; they never look at the head's name.
+The classes only use the head interface of `head_interface.py`; they never look at the head's name.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from transformers.utils.generic import can_return_tuple
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
 from .backbones import head_dims
-from .heads import IGNORE_INDEX, HeadInputs, OutputHead
+from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead
 from .integrations import effective_embedding_weight, fused_lm_head_settings, fused_outputs, is_fused_lm_head_patch
 from .model_card import model_tags
 
@@ -66,11 +66,10 @@ class OutHeadsPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
 
     def __init__(self, config: OutHeadsConfig):
-        config.build_head_options()  # a config without a backbone (text_config) or with bad options fails here
+        options = config.build_head_options()  # a config without a backbone (text_config) or with bad options fails here
         super().__init__(config)
         self.backbone = AutoModel.from_config(config.text_config)
-        head_class = get_head_class(config.head_type)
-        self.head: OutputHead = head_class(config.build_head_options(), head_dims(config.text_config))
+        self.head: OutputHead = get_head_class(config.head_type)(options, head_dims(config.text_config))
         self._check_backbone_shapes()
         # remote code: AutoModel resolves to this class too (register_for_auto_class takes one)
         config.auto_map = {**(getattr(config, "auto_map", None) or {}), "AutoModel": f"modeling_outheads.{type(self).__name__}"}

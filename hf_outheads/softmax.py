@@ -2,26 +2,28 @@
 and 7; joint-embedding paper Eq. 14). Subclasses (`linear`, `tied`, `bilinear`, `joint`,
 `drill`) define the context-independent `label_matrix` and the per-position `context`.
 
-What they share, for speed and memory (shared/design/performance.md):
+What they share, for speed and memory:
   - the label matrix is computed once per forward pass, and once per `generate` call (the
     model enters `head.generation_scope()`), never kept across calls;
   - `training_loss="chunked"` (or the model argument `return_logits=False`): the exact loss
     from a chunked linear cross-entropy, never holding `N x |V|` logits; no logits returned;
   - `training_loss="sampled"`: the joint-embedding paper's sampled softmax in training
-    (`sampling.py`), full softmax for evaluation and generation.
+    (`sampled_softmax.py`), full softmax for evaluation and generation.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from .heads import HeadInputs, HeadOptions, HeadOutput, OutputHead, nll_sum_from_logits, word_count_vector
+from .head_interface import HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits, word_count_vector
 from .losses import linear_cross_entropy
-from .sampling import sampled_nll_sum
+from .options import HeadOptions, choice, number
+from .sampled_softmax import sampled_nll_sum
 
 TRAINING_LOSSES = ("full", "chunked", "sampled")
 PROPOSALS = ("uniform", "unigram")
@@ -34,17 +36,11 @@ class SoftmaxOptions(HeadOptions):
     sampled_fraction: share of the vocabulary in the candidate set (paper: 0.25; Table 4 also
     0.05, 0.5); sampled_proposal: "uniform" (paper) or "unigram" (needs `set_word_counts`)."""
 
-    training_loss: str = "full"
-    sampled_fraction: float = 0.25
-    sampled_proposal: str = "uniform"
+    head_type: ClassVar[str] = "softmax"  # each head subclasses these with its own name
 
-    def __post_init__(self):
-        for name, value, choices in (("training_loss", self.training_loss, TRAINING_LOSSES),
-                                     ("sampled_proposal", self.sampled_proposal, PROPOSALS)):
-            if value not in choices:
-                raise ValueError(f"Single-softmax head option '{name}'={value!r} is not one of {list(choices)}.")
-        if not 0.0 < self.sampled_fraction <= 1.0:
-            raise ValueError(f"Head option 'sampled_fraction' must be in (0, 1], got {self.sampled_fraction!r}.")
+    training_loss: str = choice("full", TRAINING_LOSSES)
+    sampled_fraction: float = number(0.25, 0.0, 1.0, open_low=True)
+    sampled_proposal: str = choice("uniform", PROPOSALS)
 
 
 class SoftmaxHead(OutputHead):

@@ -2,3 +2,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ["OMP_NUM_THREADS"] = "1"  # subprocesses (training runs) inherit one thread per process
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)  # one thread per test process: tiny models gain nothing from more

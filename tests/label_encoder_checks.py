@@ -5,20 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 from hf_outheads.conversion import original_lm_head
 from hf_outheads.modeling_outheads import shift_right
-from tiny import SEQ2SEQ, batch, tiny_config, tiny_original
-
-
-def model_class(name: str):
-    return OutHeadsForSeq2SeqLM if name in SEQ2SEQ else OutHeadsForCausalLM
-
-
-def build(name: str, head_type: str, options: dict | None = None, seed: int = 0):
-    torch.manual_seed(seed)
-    config = OutHeadsConfig(text_config=tiny_config(name), head_type=head_type, head_options=options)
-    return model_class(name)(config).eval()
+from tiny import SEQ2SEQ, batch, model_class, tiny_config, tiny_original
 
 
 def decoder_inputs(name: str) -> dict:

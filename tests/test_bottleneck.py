@@ -7,7 +7,7 @@ import torch
 from transformers import GPT2Config
 
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, get_head_class
-from hf_outheads.heads import HeadDims, HeadInputs
+from hf_outheads.head_interface import HeadDims, HeadInputs
 
 D, CONTEXTS = 8, 300
 
@@ -18,7 +18,7 @@ def log_prob_matrix(head_type, vocab, seed=0, **options):
     torch.manual_seed(seed)
     dims = HeadDims(vocab_size=vocab, embed_dim=D, hidden_dim=D, num_layers=2)
     cls = get_head_class(head_type)
-    head = cls(cls.Options.from_dict(head_type, options), dims).eval()
+    head = cls(cls.Options.from_dict(options), dims).eval()
     head.reset_parameters()
     with torch.no_grad():
         head.bias.normal_()
@@ -42,8 +42,9 @@ def test_rank_of_the_log_probability_matrix(vocab):
     tied = log_prob_matrix("tied", vocab)
     centred = lambda m: m - m.mean(-1, keepdim=True)  # noqa: E731
     assert rank(centred(tied)) <= D + 1 and rank(tied) <= D + 2
+    reference = {"latent_init": "uniform", "latent_activation": "tanh", "tied": True}  # the papers' setting
     for head_type, options in [("mos", {"num_components": 3}), ("doc", {"components": [[-1, 2], [0, 1]]})]:
-        mixture = log_prob_matrix(head_type, vocab, **options)
+        mixture = log_prob_matrix(head_type, vocab, **options, **reference)
         assert rank(centred(mixture)) == vocab - 1, head_type  # measured: 98 and 199, as DOC's Table 5
         assert rank(mixture) == vocab, head_type
 

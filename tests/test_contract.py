@@ -15,27 +15,17 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from hf_outheads import HEAD_CLASSES, OutHeadsConfig
 from head_cases import HEAD_CASES
-from tiny import SEQ2SEQ, batch, tiny_config
+from tiny import SEQ2SEQ, batch, model_class, tiny_config, tiny_model
 
 BACKBONES = ("llama", "t5")
 CASES = [(head, backbone) for head in sorted(HEAD_CASES) for backbone in BACKBONES]
 IDS = [f"{head}-{backbone}" for head, backbone in CASES]
 
 
-def model_class(backbone):
-    return OutHeadsForSeq2SeqLM if backbone in SEQ2SEQ else OutHeadsForCausalLM
-
-
 def auto_class(backbone):
     return AutoModelForSeq2SeqLM if backbone in SEQ2SEQ else AutoModelForCausalLM
-
-
-def build(head, backbone, seed=0):
-    torch.manual_seed(seed)
-    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type=head, head_options=HEAD_CASES[head])
-    return model_class(backbone)(config).eval()
 
 
 def inputs_only(backbone):
@@ -65,7 +55,7 @@ def test_every_registered_head_has_a_case():
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_forward_backward_reaches_head(head, backbone):
-    model = build(head, backbone).train()  # the training path (dropout; heads may skip logits)
+    model = tiny_model(backbone, head, HEAD_CASES[head]).train()  # the training path (dropout; heads may skip logits)
     data = batch(backbone)
     out = model(**data)
     assert out.logits is None or out.logits.shape[-1] == model.config.vocab_size
@@ -79,7 +69,7 @@ def test_forward_backward_reaches_head(head, backbone):
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_loss_is_cross_entropy_of_logits(head, backbone):
     """The head's own loss (minus any auxiliary term) is the NLL of the scores it returns."""
-    model = build(head, backbone)
+    model = tiny_model(backbone, head, HEAD_CASES[head])
     data = batch(backbone)
     with torch.no_grad():
         out = model(**data)
@@ -97,7 +87,7 @@ def test_loss_is_cross_entropy_of_logits(head, backbone):
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_training_reduces_loss(head, backbone):
-    model = build(head, backbone)
+    model = tiny_model(backbone, head, HEAD_CASES[head])
     data = batch(backbone)
     with torch.no_grad():
         before = model(**data).loss.item()
@@ -115,7 +105,7 @@ def test_training_reduces_loss(head, backbone):
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_bf16_forward_and_backward(head, backbone):
-    model = build(head, backbone)
+    model = tiny_model(backbone, head, HEAD_CASES[head])
     data = batch(backbone)
     with torch.no_grad():
         fp32_loss = model(**data).loss
@@ -128,7 +118,7 @@ def test_bf16_forward_and_backward(head, backbone):
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_logits_to_keep_and_cached_generation(head, backbone):
-    model = build(head, backbone)
+    model = tiny_model(backbone, head, HEAD_CASES[head])
     inputs = inputs_only(backbone)
     full = logits_of(model, inputs)
     torch.testing.assert_close(logits_of(model, dict(inputs, logits_to_keep=2)), full[:, -2:], rtol=1e-5, atol=1e-5)
@@ -140,7 +130,7 @@ def test_logits_to_keep_and_cached_generation(head, backbone):
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_save_load_and_auto_classes(head, backbone, tmp_path):
-    model = build(head, backbone)
+    model = tiny_model(backbone, head, HEAD_CASES[head])
     model.save_pretrained(tmp_path)
     inputs = inputs_only(backbone)
     want = logits_of(model, inputs)
@@ -183,7 +173,7 @@ print(json.dumps(results))
 def broken_checkpoint(root):
     """A saved `linear` model without `head.bias`: remote loading must refuse it too."""
     folder = root / "missing-head-bias"
-    build("linear", "llama").save_pretrained(folder)
+    tiny_model("llama", "linear", HEAD_CASES["linear"]).save_pretrained(folder)
     weights = load_file(folder / "model.safetensors")
     del weights["head.bias"]
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
@@ -199,7 +189,7 @@ def remote_loads(tmp_path_factory):
     for (head, backbone), case_id in zip(CASES, IDS):
         folder = root / case_id
         try:
-            model = build(head, backbone)
+            model = tiny_model(backbone, head, HEAD_CASES[head])
         except Exception as error:  # reported by the test of this case
             expected[case_id] = error
             continue

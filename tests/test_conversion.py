@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, OPTConfig, OPTForCausalLM
 
 from hf_outheads import OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
-from tiny import ALL, SEQ2SEQ, batch, tiny_config, tiny_original
+from tiny import ALL, SEQ2SEQ, batch, tiny_model, tiny_original
 
 # the head whose form each tiny original has (tests/tiny.py ties GPT-2/T5/BART/Marian, unties the rest)
 EXPECTED_HEAD = {"gpt2": "tied", "llama": "linear", "qwen2": "linear", "mistral": "linear",
@@ -119,11 +119,8 @@ def test_converted_model_keeps_the_originals_mode(tmp_path):
 def test_a_trained_model_with_a_plain_head_converts_to_another_head(name, head_type, tmp_path):
     """An hf_outheads model with the `tied` head (e.g. one trained with training/train.py) is an
     ordinary LM: from_backbone swaps its head, exactly where the new head's form allows it."""
-    from hf_outheads import OutHeadsConfig
-
-    torch.manual_seed(0)
-    cls = OutHeadsForSeq2SeqLM if name in SEQ2SEQ else OutHeadsForCausalLM
-    plain = cls(OutHeadsConfig(text_config=tiny_config(name), head_type="tied")).eval()
+    plain = tiny_model(name, "tied")
+    cls = type(plain)
     with torch.no_grad():
         plain.head.bias.normal_()
     plain.save_pretrained(tmp_path)
@@ -136,8 +133,6 @@ def test_a_trained_model_with_a_plain_head_converts_to_another_head(name, head_t
 
 
 def test_a_model_whose_head_is_not_a_plain_softmax_does_not_convert():
-    from hf_outheads import OutHeadsConfig
-
-    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos"))
+    model = tiny_model("gpt2", "mos")
     with pytest.raises(ValueError, match="'mos' head is not a plain softmax.*'tied' or 'linear'"):
         OutHeadsForCausalLM.from_backbone(model, head_type="drill")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
-from hf_outheads.sampling import sample_candidates, sampled_nll_sum
+from hf_outheads.sampled_softmax import sample_candidates, sampled_nll_sum
 from tiny import tiny_config
 
 SINGLE = {"tied": {}, "linear": {}, "bilinear": {}, "joint": {"joint_dim": 16}, "drill": {"depth": 2}}

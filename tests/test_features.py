@@ -1,27 +1,18 @@
 """Forward arguments and runtime features pass through the wrapper: logits_to_keep,
 output_hidden_states, inputs_embeds, past_key_values, SDPA/eager, bf16, activation checkpointing."""
 
-import warnings
-
 import pytest
 import torch
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
-from tiny import SEQ2SEQ, batch, tiny_config
+from hf_outheads import OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from tiny import SEQ2SEQ, batch, tiny_model
 
 ATOL = dict(rtol=1e-5, atol=1e-5)
 
 
-def build(backbone="llama", head="linear", seed=0, **kwargs):
-    torch.manual_seed(seed)
-    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type=head)
-    cls = OutHeadsForSeq2SeqLM if backbone in SEQ2SEQ else OutHeadsForCausalLM
-    return cls(config, **kwargs).eval()
-
-
 @pytest.fixture(scope="module")
 def llama():
-    return build()
+    return tiny_model("llama", "linear")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +27,7 @@ def logits(model, **inputs):
 
 @pytest.mark.parametrize("backbone", ["llama", "t5"])
 def test_logits_to_keep_int_and_tensor(backbone):
-    model = build(backbone)
+    model = tiny_model(backbone, "linear")
     inputs = batch(backbone)
     full = logits(model, **inputs)
     last = logits(model, **inputs, logits_to_keep=1)
@@ -69,7 +60,7 @@ def test_output_hidden_states_causal(llama, ids):
 
 
 def test_output_hidden_states_seq2seq():
-    model = build("t5")
+    model = tiny_model("t5", "linear")
     with torch.no_grad():
         out = model(**batch("t5"), output_hidden_states=True)
     assert len(out.decoder_hidden_states) == len(out.encoder_hidden_states) == 3
@@ -77,7 +68,7 @@ def test_output_hidden_states_seq2seq():
 
 @pytest.mark.parametrize("backbone", ["llama", "t5"])
 def test_inputs_embeds_match_input_ids(backbone):
-    model = build(backbone)
+    model = tiny_model(backbone, "linear")
     inputs = batch(backbone)
     embeds = model.get_input_embeddings()(inputs.pop("input_ids"))
     torch.testing.assert_close(logits(model, inputs_embeds=embeds, **inputs), logits(model, **batch(backbone)), **ATOL)
@@ -92,7 +83,7 @@ def test_past_key_values_causal(llama, ids):
 
 
 def test_past_key_values_seq2seq():
-    model = build("t5")
+    model = tiny_model("t5", "linear")
     data = batch("t5")
     decoder = model.prepare_decoder_input_ids_from_labels(data["labels"])
     full = logits(model, input_ids=data["input_ids"], decoder_input_ids=decoder)
@@ -105,7 +96,7 @@ def test_past_key_values_seq2seq():
 
 @pytest.mark.parametrize("backbone", ["llama", "t5"])
 def test_attn_implementation_reaches_backbone(backbone, tmp_path):
-    build(backbone).save_pretrained(tmp_path)
+    tiny_model(backbone, "linear").save_pretrained(tmp_path)
     cls = OutHeadsForSeq2SeqLM if backbone in SEQ2SEQ else OutHeadsForCausalLM
     outputs = {}
     for impl in ("sdpa", "eager"):
@@ -117,7 +108,7 @@ def test_attn_implementation_reaches_backbone(backbone, tmp_path):
 
 @pytest.mark.parametrize("backbone", ["llama", "t5"])
 def test_bf16_forward_and_backward(backbone, tmp_path):
-    reference = build(backbone)
+    reference = tiny_model(backbone, "linear")
     reference.save_pretrained(tmp_path)
     cls = type(reference)
     model = cls.from_pretrained(tmp_path, dtype=torch.bfloat16)
@@ -139,7 +130,7 @@ def train_step(model, data):
 
 @pytest.mark.parametrize("backbone", ["llama", "t5"])
 def test_activation_checkpointing(backbone):
-    model = build(backbone).train()
+    model = tiny_model(backbone, "linear").train()
     data = batch(backbone)
     plain_loss, plain_grads = train_step(model, data)
     assert not model.backbone.is_activation_checkpointing
@@ -152,11 +143,3 @@ def test_activation_checkpointing(backbone):
         torch.testing.assert_close(checkpointed_grads[name], grad, **ATOL, msg=name)
     model.activation_checkpointing_disable()
     assert not model.backbone.is_activation_checkpointing
-
-
-def test_deprecated_gradient_checkpointing_enable_still_works():
-    model = build()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable()
-    assert model.backbone.is_activation_checkpointing

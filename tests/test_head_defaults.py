@@ -7,17 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
-from tiny import batch, tiny_config
+from tiny import batch, tiny_model
 
 
-def scratch(head_type: str, seed: int = 0, **options) -> OutHeadsForCausalLM:
-    torch.manual_seed(seed)
-    return OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("gpt2"), head_type=head_type,
-                                              head_options=options)).eval()
+def scratch(head_type: str, **options):
+    return tiny_model("gpt2", head_type, options)
 
 
-@pytest.mark.parametrize("head_type, options", [("bilinear", {}), ("joint", {"activation": "identity"}),
+@pytest.mark.parametrize("head_type, options", [("bilinear", {}), ("joint", {}),
                                                  ("joint", {"activation": "identity", "joint_dim": 48})])
 def test_identity_init_scores_exactly_what_tied_scores(head_type, options):
     tied, other = scratch("tied"), scratch(head_type, **options)
@@ -27,8 +24,8 @@ def test_identity_init_scores_exactly_what_tied_scores(head_type, options):
         torch.testing.assert_close(other(inputs).logits, tied(inputs).logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("head_type, options", [("bilinear", {"init": "uniform"}), ("joint", {"init": "uniform"}),
-                                                 ("joint", {})])
+@pytest.mark.parametrize("head_type, options", [("bilinear", {"init": "uniform"}), ("joint", {"init": "uniform", "activation": "tanh"}),
+                                                 ("joint", {"activation": "tanh"})])
 def test_paper_inits_and_bounded_activations_do_not_start_at_tied(head_type, options):
     tied, other = scratch("tied"), scratch(head_type, **options)
     other.backbone.load_state_dict(tied.backbone.state_dict())

@@ -6,20 +6,13 @@ import json
 import pytest
 import torch
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
 from hf_outheads.conversion import original_lm_head
 from hf_outheads.head_doc import DOCHead, DOCOptions
-from hf_outheads.heads import HeadDims, HeadInputs
-from tiny import SEQ2SEQ, batch, tiny_config, tiny_original
+from hf_outheads.head_interface import HeadDims, HeadInputs
+from tiny import SEQ2SEQ, batch, tiny_config, tiny_model, tiny_original
 
 COMPONENTS = [[-1, 2], [1, 1], [0, 1]]  # last layer 2, middle layer 1, embedding output 1
-
-
-def build(backbone, head="doc", seed=0, **options):
-    torch.manual_seed(seed)
-    options = {"components": COMPONENTS, **options} if head == "doc" else options
-    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type=head, head_options=options)
-    return (OutHeadsForSeq2SeqLM if backbone in SEQ2SEQ else OutHeadsForCausalLM)(config).eval()
 
 
 def without_labels(backbone):
@@ -32,7 +25,7 @@ def without_labels(backbone):
 
 @pytest.mark.parametrize("backbone", ["gpt2", "t5"])
 def test_forward_backward_generate_with_middle_layers(backbone):
-    model = build(backbone, latent_dropout=0.3)
+    model = tiny_model(backbone, "doc", {"components": COMPONENTS, "latent_dropout": 0.3})
     assert model.head.layer_indices == (0, 1) and model.head.num_components == 4
     data = batch(backbone)
     with torch.no_grad():
@@ -56,7 +49,7 @@ def test_forward_backward_generate_with_middle_layers(backbone):
 
 @pytest.mark.parametrize("backbone", ["gpt2", "t5"])
 def test_logits_to_keep_slices_the_middle_layers_too(backbone):
-    model = build(backbone)
+    model = tiny_model(backbone, "doc", {"components": COMPONENTS})
     seen = []
     model.head.register_forward_pre_hook(
         lambda module, args: seen.append({i: t.shape[1] for i, t in args[0].layers.items()}))
@@ -70,8 +63,8 @@ def test_logits_to_keep_slices_the_middle_layers_too(backbone):
 @pytest.mark.parametrize("backbone", ["gpt2", "t5"])
 @pytest.mark.parametrize("last", [-1, 2])
 def test_all_components_on_the_last_layer_is_mos(backbone, last):
-    mos = build(backbone, head="mos", num_components=3)
-    doc = build(backbone, seed=1, components=[[last, 3]], regularizer_weight=0.0)
+    mos = tiny_model(backbone, "mos", {"num_components": 3})
+    doc = tiny_model(backbone, "doc", {"components": [[last, 3]], "regularizer_weight": 0.0}, seed=1)
     assert doc.head.layer_indices == ()
     doc.load_state_dict(mos.state_dict())  # same parameter names
     data = batch(backbone)
@@ -109,7 +102,7 @@ def test_regulariser_matches_hand_computation():
 
 
 def test_model_loss_adds_the_regulariser():
-    model = build("gpt2", regularizer_weight=0.5).train()
+    model = tiny_model("gpt2", "doc", {"components": COMPONENTS, "regularizer_weight": 0.5}).train()
     data = batch("gpt2")
     torch.manual_seed(0)
     out = model(**data)
@@ -154,7 +147,7 @@ def test_middle_layer_norm():
 
 
 def test_components_survive_json_and_save_load(tmp_path):
-    model = build("gpt2", components={"-1": 2, "1": 1, 0: 1})
+    model = tiny_model("gpt2", "doc", {"components": {"-1": 2, "1": 1, 0: 1}})
     assert model.config.head_options["components"] == [[-1, 2], [1, 1], [0, 1]]
     assert json.loads(model.config.to_json_string())["head_options"]["components"] == [[-1, 2], [1, 1], [0, 1]]
     model.save_pretrained(tmp_path)

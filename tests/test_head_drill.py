@@ -7,10 +7,10 @@ import torch
 from hf_outheads import HeadDims, OutHeadsConfig
 from hf_outheads.head_drill import DrillHead, DrillOptions, LabelDropout
 from label_encoder_checks import (
-    build, check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
+    check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
     max_log_prob_error, mean_kl,
 )
-from tiny import tiny_config
+from tiny import tiny_config, tiny_model
 
 TINY = {"depth": 2, "dropout": 0.3, "dropout_kind": "standard"}
 DIMS = HeadDims(vocab_size=99, embed_dim=32, hidden_dim=32, num_layers=2)
@@ -18,7 +18,7 @@ DIMS = HeadDims(vocab_size=99, embed_dim=32, hidden_dim=32, num_layers=2)
 
 @pytest.mark.parametrize("name", ["gpt2", "bart"])
 def test_trains_generates_keeps_logits_and_round_trips(name, tmp_path):
-    model = build(name, "drill", TINY)
+    model = tiny_model(name, "drill", TINY)
     check_train_step(model, name)
     check_generate(model, name)
     check_logits_to_keep(model, name)
@@ -27,10 +27,10 @@ def test_trains_generates_keeps_logits_and_round_trips(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["gpt2", "bart"])
 def test_depth_zero_is_the_tied_head(name):
-    tied = build(name, "tied", seed=0)
+    tied = tiny_model(name, "tied", seed=0)
     with torch.no_grad():
         tied.head.bias.normal_()
-    drill = build(name, "drill", {"depth": 0}, seed=1)
+    drill = tiny_model(name, "drill", {"depth": 0}, seed=1)
     drill.load_state_dict(tied.state_dict())
     inputs = decoder_inputs(name)
     with torch.no_grad():
@@ -147,7 +147,7 @@ def test_invalid_options_fail_at_config_construction(options, message):
 
 def test_needs_equal_embedding_and_hidden_widths():
     with pytest.raises(ValueError, match="d=16 must equal the hidden width d_h=32"):
-        DrillOptions().validate(HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2))
+        DrillOptions().resolve(HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2))
 
 
 def test_defaults_are_stored_in_the_config():

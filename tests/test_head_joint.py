@@ -7,17 +7,17 @@ import torch
 from hf_outheads import HeadDims, OutHeadsConfig
 from hf_outheads.head_joint import JointHead, JointOptions
 from label_encoder_checks import (
-    build, check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
+    check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
     max_log_prob_error, mean_kl,
 )
-from tiny import tiny_config
+from tiny import tiny_config, tiny_model
 
 DIMS = HeadDims(vocab_size=99, embed_dim=32, hidden_dim=32, num_layers=2)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bart"])
 def test_trains_generates_keeps_logits_and_round_trips(name, tmp_path):
-    model = build(name, "joint", {"joint_dim": 16})
+    model = tiny_model(name, "joint", {"joint_dim": 16})
     check_train_step(model, name)
     check_generate(model, name)
     check_logits_to_keep(model, name)
@@ -41,7 +41,7 @@ def head(**options) -> JointHead:
     ],
 )
 def test_forms_compute_the_papers_equations(form, formula):
-    module = head(form=form, joint_dim=None if form != "both" else 24)
+    module = head(form=form, activation="tanh", joint_dim=None if form != "both" else 24)
     with torch.no_grad():
         module.bias.normal_()
     E, x = torch.randn(99, 32), torch.randn(5, 32)
@@ -55,10 +55,10 @@ def test_forms_compute_the_papers_equations(form, formula):
 @pytest.mark.parametrize("name", ["gpt2", "bart"])
 def test_identity_activation_and_projections_is_the_tied_head(name, form):
     """Eq. 18: with g_in = g_out = I the joint space is weight tying."""
-    tied = build(name, "tied", seed=0)
+    tied = tiny_model(name, "tied", seed=0)
     with torch.no_grad():
         tied.head.bias.normal_()
-    joint = build(name, "joint", {"activation": "identity", "form": form}, seed=1)
+    joint = tiny_model(name, "joint", {"activation": "identity", "form": form}, seed=1)
     joint.load_state_dict(tied.state_dict(), strict=False)
     with torch.no_grad():
         for proj in (joint.head.out_proj, joint.head.in_proj):
@@ -102,7 +102,7 @@ def test_conversion_with_tanh_is_close_and_improves_with_joint_dim():
     1e-2 (d_j = 4d) in log-probability on tiny GPT-2 (logits up to 0.6)."""
     errors = {}
     for joint_dim in (32, 128):
-        exact, want, got = convert("gpt2", "joint", {"joint_dim": joint_dim})
+        exact, want, got = convert("gpt2", "joint", {"joint_dim": joint_dim, "activation": "tanh"})
         assert not exact
         errors[joint_dim] = max_log_prob_error(want, got)
     assert errors[32] < 0.05 and errors[128] < 0.5 * errors[32]
@@ -118,21 +118,19 @@ def test_conversion_of_an_untied_head_uses_it():
 
 def test_joint_dim_defaults_to_the_size_each_form_needs():
     config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="joint")
-    assert config.head_options == {"joint_dim": 32, "activation": "tanh", "form": "both", "training_loss": "full",
-                                   "sampled_fraction": 0.25, "sampled_proposal": "uniform", "init": "identity"}
+    assert config.head_options == {"joint_dim": 32, "activation": "identity", "form": "both", "init": "identity",
+                                   "training_loss": "full", "sampled_fraction": 0.25, "sampled_proposal": "uniform"}
     narrow = HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2)
     for form, size in (("both", 32), ("output", 32), ("context", 16), ("bilinear", 16)):
-        options = JointOptions(form=form)
-        options.validate(narrow)
-        assert options.joint_dim == size
-    JointOptions(joint_dim=2048).validate(narrow)  # "both" takes any size (paper: 512, 2048, 4096)
+        assert JointOptions(form=form).resolve(narrow).joint_dim == size
+    JointOptions(joint_dim=2048).resolve(narrow)  # "both" takes any size (paper: 512, 2048, 4096)
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"joint_dim": 0}, "'joint_dim' must be > 0"),
-        ({"joint_dim": -4}, "'joint_dim' must be > 0"),
+        ({"joint_dim": 0}, "'joint_dim' must be an integer >= 1"),
+        ({"joint_dim": -4}, "'joint_dim' must be an integer >= 1"),
         ({"joint_dim": 16.5}, "'joint_dim' must be an integer"),
         ({"activation": "gelu"}, "'activation'='gelu' is not one of"),
         ({"form": "dual"}, "'form'='dual' is not one of"),

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
-from hf_outheads.code_table import check_codes, grid_cost, reassign, table_grid
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+from hf_outheads.lightrnn_table import check_codes, grid_cost, reassign, table_grid
 from hf_outheads.head_lightrnn import LightRNNHead, LightRNNOptions
-from hf_outheads.heads import HeadDims, HeadInputs
-from tiny import SEQ2SEQ, VOCAB, batch, tiny_config
+from hf_outheads.head_interface import HeadDims, HeadInputs
+from tiny import VOCAB, batch, tiny_config, tiny_model
 
 TABLE = {"num_exclusive": 8, "num_rows": 8, "num_columns": 16}  # 37 empty cells, rows 6 and 7 empty
 DIMS = HeadDims(vocab_size=VOCAB, embed_dim=32, hidden_dim=32, num_layers=2)
@@ -32,13 +32,6 @@ def inputs(n=40, seed=1, shape=None):
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(*(shape or (n,)), 32, generator=g)
     return HeadInputs(hidden, torch.randn(VOCAB, 32, generator=g))
-
-
-def build(backbone="llama", seed=0, **options):
-    torch.manual_seed(seed)
-    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type="lightrnn",
-                            head_options={**TABLE, "num_components": 2, **options})
-    return (OutHeadsForSeq2SeqLM if backbone in SEQ2SEQ else OutHeadsForCausalLM)(config).eval()
 
 
 def assert_normalised(logits):
@@ -154,7 +147,7 @@ def test_costs_at_the_current_table_sum_to_the_nll_and_reassignment_keeps_a_bije
 
 
 def trained_with_reassignment(backbone="llama", steps=6):
-    model = build(backbone)
+    model = tiny_model(backbone, "lightrnn", {**TABLE, "num_components": 2})
     model.head.set_word_counts(torch.arange(VOCAB, 0, -1).float().roll(7))  # a non-default table
     model.head.track_code_costs(True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -206,7 +199,7 @@ def test_training_with_reassignment_then_generate_save_and_remote_load(tmp_path)
 
 
 def test_seq2seq_generates_and_costs_are_tracked_only_when_asked():
-    model = build("t5")
+    model = tiny_model("t5", "lightrnn", {**TABLE, "num_components": 2})
     model.train()
     model(**batch("t5")).loss.backward()
     assert model.head._costs is None

@@ -8,16 +8,10 @@ import torch.nn.functional as F
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 from hf_outheads.conversion import original_lm_head
 from hf_outheads.head_mos import MoSHead, MoSOptions
-from hf_outheads.heads import HeadDims, HeadInputs
-from tiny import SEQ2SEQ, batch, tiny_config, tiny_original
+from hf_outheads.head_interface import HeadDims, HeadInputs
+from tiny import SEQ2SEQ, batch, tiny_config, tiny_model, tiny_original
 
 OPTIONS = {"num_components": 3}
-
-
-def build(backbone, seed=0, **options):
-    torch.manual_seed(seed)
-    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type="mos", head_options={**OPTIONS, **options})
-    return (OutHeadsForSeq2SeqLM if backbone in SEQ2SEQ else OutHeadsForCausalLM)(config).eval()
 
 
 def prompt(backbone):
@@ -30,7 +24,7 @@ def assert_normalised(logits):
 
 @pytest.mark.parametrize("backbone", ["gpt2", "bart"])
 def test_forward_backward_and_generate(backbone):
-    model = build(backbone, latent_dropout=0.2)
+    model = tiny_model(backbone, "mos", {**OPTIONS, "latent_dropout": 0.2})
     data = batch(backbone)
     with torch.no_grad():
         out = model(**data)
@@ -52,7 +46,7 @@ def test_forward_backward_and_generate(backbone):
 
 @pytest.mark.parametrize("backbone", ["gpt2", "bart"])
 def test_logits_to_keep_reaches_the_head(backbone):
-    model = build(backbone)
+    model = tiny_model(backbone, "mos", OPTIONS)
     inputs = dict(batch(backbone))
     inputs.pop("labels") if backbone not in SEQ2SEQ else inputs.update(decoder_input_ids=inputs.pop("labels"))
     seen = []
@@ -65,7 +59,7 @@ def test_logits_to_keep_reaches_the_head(backbone):
 
 def test_exact_training_loss_equals_loss_of_the_logits():
     """The lean path (no N x K x |V|) gives the same loss and gradients as the full log-probs."""
-    model = build("gpt2").train()
+    model = tiny_model("gpt2", "mos", OPTIONS).train()
     data = batch("gpt2")
     data["labels"][0, :3] = -100
     results = []
@@ -140,7 +134,7 @@ def test_invalid_options_are_named(options, message):
 
 
 def test_untied_latent_dim_and_saved_defaults():
-    model = build("gpt2", tied=False, latent_dim=16)
+    model = tiny_model("gpt2", "mos", {**OPTIONS, "tied": False, "latent_dim": 16})
     assert model.head.weight.shape == (99, 16) and model.head.latents[0].weight.shape == (3 * 16, 32)
     defaults = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos").head_options
     assert defaults == {"latent_dim": None, "tied": False, "latent_activation": "identity", "latent_dropout": 0.0,

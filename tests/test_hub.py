@@ -9,10 +9,11 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.hf_api import RepoUrl
 from transformers import AutoModelForCausalLM
 
-from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
-from tiny import batch, tiny_config
+from hf_outheads import HEAD_CLASSES
+from tiny import batch, tiny_model
 
-CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "heads.py", "head_catalog.py", "backbones.py"}
+CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "head_interface.py", "options.py", "head_catalog.py",
+              "backbones.py", "softmax.py", "sampled_softmax.py", "losses.py", "mixture.py", "lightrnn_table.py"}
 
 
 @pytest.fixture
@@ -35,17 +36,12 @@ def fake_hub(monkeypatch):
     return commits
 
 
-def build(backbone="gpt2", head="bilinear", cls=OutHeadsForCausalLM):
-    torch.manual_seed(0)
-    return cls(OutHeadsConfig(text_config=tiny_config(backbone), head_type=head)).eval()
-
-
 def head_files():
     return {f"{cls.__module__.rsplit('.', 1)[-1]}.py" for cls in HEAD_CLASSES.values()}
 
 
 def test_push_to_hub_uploads_everything_in_one_commit(fake_hub, tmp_path):
-    model = build()
+    model = tiny_model("gpt2", "bilinear")
     model.push_to_hub("someone/tiny-outheads", tags=["my-tag"])
     assert len(fake_hub) == 1 and fake_hub[0]["repo_id"] == "someone/tiny-outheads"
     files = fake_hub[0]["files"]
@@ -66,13 +62,13 @@ def test_push_to_hub_uploads_everything_in_one_commit(fake_hub, tmp_path):
 
 
 def test_save_pretrained_with_push_uses_the_card_too(fake_hub, tmp_path):
-    build(head="tied").save_pretrained(tmp_path / "tiny-tied", push_to_hub=True, repo_id="someone/tiny-tied")
+    tiny_model("gpt2", "tied").save_pretrained(tmp_path / "tiny-tied", push_to_hub=True, repo_id="someone/tiny-tied")
     card = ModelCard(fake_hub[0]["files"]["README.md"].decode())
     assert "outheads-tied" in card.data.tags
 
 
 def test_model_card_describes_the_model():
-    model = build("t5", "linear", OutHeadsForSeq2SeqLM)
+    model = tiny_model("t5", "linear")
     card = model.create_model_card()
     assert isinstance(card, ModelCard)
     from transformers.pipelines import SUPPORTED_TASKS
@@ -83,13 +79,11 @@ def test_model_card_describes_the_model():
     assert f"{sum(p.numel() for p in model.head.parameters()):,}" in card.text
 
 
-def test_model_card_lists_head_options():
-    head = next((name for name, cls in HEAD_CLASSES.items() if OutHeadsConfig(
-        text_config=tiny_config("gpt2"), head_type=name).head_options), None)
-    if head is None:
-        pytest.skip("no registered head has options")
-    model = build(head=head)
+@pytest.mark.parametrize("head", ["drill", "doc"])
+def test_model_card_lists_head_options(head):
+    model = tiny_model("gpt2", head)
     card = model.create_model_card("someone/x")
+    assert model.config.head_options
     for option, value in model.config.head_options.items():
         assert f'"{option}"' in card.text, option
 

@@ -10,21 +10,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import GPT2Config
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
 from hf_outheads.softmax import SoftmaxHead
 from hf_outheads.head_catalog import get_head_class
 from head_cases import HEAD_CASES
-from tiny import VOCAB, tiny_config, tiny_original
+from tiny import VOCAB, tiny_config, tiny_model, tiny_original
 
 LOSSES = ("full", "chunked", "sampled")
 LOSS_CASES = [(head, loss) for head in sorted(HEAD_CASES)
               for loss in (LOSSES if issubclass(get_head_class(head), SoftmaxHead) else (None,))]
-
-
-def build(head, backbone="llama", **options):
-    torch.manual_seed(0)
-    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type=head, head_options={**HEAD_CASES[head], **options})
-    return (OutHeadsForSeq2SeqLM if backbone == "t5" else OutHeadsForCausalLM)(config)
 
 
 def ids(length=7):
@@ -33,7 +27,7 @@ def ids(length=7):
 
 @pytest.mark.parametrize("head,loss", LOSS_CASES, ids=[f"{h}-{l}" for h, l in LOSS_CASES])
 def test_all_ignored_batch_gives_zero_loss_zero_gradients_and_no_nan_after_adamw(head, loss):
-    model = build(head, **({"training_loss": loss} if loss else {})).train()
+    model = tiny_model("llama", head, {**HEAD_CASES[head], **({"training_loss": loss} if loss else {})}).train()
     inputs = ids()
     out = model(input_ids=inputs, labels=torch.full_like(inputs, -100))
     assert out.loss.item() == 0.0
@@ -46,7 +40,7 @@ def test_all_ignored_batch_gives_zero_loss_zero_gradients_and_no_nan_after_adamw
 
 
 def test_all_ignored_batch_with_num_items_in_batch_zero_is_zero():
-    model = build("doc").train()
+    model = tiny_model("llama", "doc", HEAD_CASES["doc"]).train()
     inputs = ids()
     loss = model(input_ids=inputs, labels=torch.full_like(inputs, -100), num_items_in_batch=torch.tensor(0)).loss
     assert loss.item() == 0.0
@@ -55,7 +49,7 @@ def test_all_ignored_batch_with_num_items_in_batch_zero_is_zero():
 @pytest.mark.parametrize("head,loss", LOSS_CASES, ids=[f"{h}-{l}" for h, l in LOSS_CASES])
 @pytest.mark.parametrize("bad", [-1, VOCAB])
 def test_out_of_range_labels_raise_for_every_head(head, loss, bad):
-    model = build(head, **({"training_loss": loss} if loss else {})).train()
+    model = tiny_model("llama", head, {**HEAD_CASES[head], **({"training_loss": loss} if loss else {})}).train()
     inputs = ids()
     labels = inputs.clone()
     labels[1, 3] = bad
@@ -65,14 +59,14 @@ def test_out_of_range_labels_raise_for_every_head(head, loss, bad):
 
 @pytest.mark.parametrize("head", sorted(HEAD_CASES))
 def test_no_kept_position_gives_empty_logits(head):
-    model = build(head).eval()
+    model = tiny_model("llama", head, HEAD_CASES[head])
     with torch.no_grad():
         logits = model(input_ids=ids(), logits_to_keep=torch.tensor([], dtype=torch.long)).logits
     assert logits.shape == (2, 0, VOCAB)
 
 
 def test_unigram_word_counts_of_the_wrong_length_are_rejected_when_set():
-    model = build("linear", training_loss="sampled", sampled_proposal="unigram")
+    model = tiny_model("llama", "linear", {"training_loss": "sampled", "sampled_proposal": "unigram"})
     for counts in (torch.ones(VOCAB - 1), torch.ones(VOCAB + 5)):
         with pytest.raises(ValueError, match=rf"set_word_counts needs one finite count per word of the {VOCAB}-word"):
             model.head.set_word_counts(counts)
@@ -82,7 +76,7 @@ def test_unigram_word_counts_of_the_wrong_length_are_rejected_when_set():
 
 
 def test_lightrnn_rejects_a_loaded_code_table_that_is_not_injective_or_out_of_range(tmp_path):
-    model = build("lightrnn")
+    model = tiny_model("llama", "lightrnn", HEAD_CASES["lightrnn"])
     model.save_pretrained(tmp_path)
     for bad in ("shared", "range"):
         codes = model.head.codes.clone()
@@ -91,12 +85,12 @@ def test_lightrnn_rejects_a_loaded_code_table_that_is_not_injective_or_out_of_ra
         else:
             codes[5] = 8 + 8 * 16
         with pytest.raises(ValueError, match="not injective" if bad == "shared" else "out of range"):
-            build("lightrnn").load_state_dict({**model.state_dict(), "head.codes": codes})
+            tiny_model("llama", "lightrnn", HEAD_CASES["lightrnn"]).load_state_dict({**model.state_dict(), "head.codes": codes})
         weights = load_file(tmp_path / "model.safetensors")
         save_file({**weights, "head.codes": codes}, tmp_path / "model.safetensors", metadata={"format": "pt"})
         with pytest.raises(ValueError, match="Head 'lightrnn': the loaded 'head.codes'"):
             OutHeadsForCausalLM.from_pretrained(tmp_path)
-    build("lightrnn").load_state_dict(model.state_dict())  # a valid table loads
+    tiny_model("llama", "lightrnn", HEAD_CASES["lightrnn"]).load_state_dict(model.state_dict())  # a valid table loads
 
 
 def test_config_without_backbone_or_head_type_says_to_use_from_backbone(tmp_path):
@@ -104,7 +98,7 @@ def test_config_without_backbone_or_head_type_says_to_use_from_backbone(tmp_path
     repr(OutHeadsConfig())
     with pytest.raises(ValueError, match="no text_config .*from_backbone"):
         OutHeadsForCausalLM(OutHeadsConfig(head_type="linear"))
-    build("linear").save_pretrained(tmp_path)
+    tiny_model("llama", "linear").save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     for key in ("head_type", "text_config"):
         (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != key}))

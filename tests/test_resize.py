@@ -3,19 +3,12 @@
 import pytest
 import torch
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 from head_cases import HEAD_CASES
-from tiny import SEQ2SEQ, VOCAB, batch, tiny_config
+from tiny import VOCAB, batch, tiny_model
 
 BACKBONES = ("llama", "bart")  # bart: encoder and decoder share one embedding matrix
 CASES = [(head, backbone) for head in sorted(HEAD_CASES) for backbone in BACKBONES]
 NEW_VOCAB = 110
-
-
-def build(head, backbone):
-    torch.manual_seed(0)
-    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type=head, head_options=HEAD_CASES[head])
-    return (OutHeadsForSeq2SeqLM if backbone in SEQ2SEQ else OutHeadsForCausalLM)(config).eval()
 
 
 def per_word_tensors(model):
@@ -24,7 +17,7 @@ def per_word_tensors(model):
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=[f"{h}-{b}" for h, b in CASES])
 def test_resize_grows_head_and_keeps_old_rows(head, backbone, tmp_path):
-    model = build(head, backbone)
+    model = tiny_model(backbone, head, HEAD_CASES[head])
     data = batch(backbone)
     before_rows = per_word_tensors(model)
     with torch.no_grad():
@@ -48,7 +41,7 @@ def test_resize_grows_head_and_keeps_old_rows(head, backbone, tmp_path):
 
 
 def test_resize_trains_and_generates_new_words():
-    model = build("linear", "llama")
+    model = tiny_model("llama", "linear", HEAD_CASES["linear"])
     model.resize_token_embeddings(NEW_VOCAB)
     ids = torch.tensor([[5, 105, 6, 107]])  # new words in input and labels
     loss = model(input_ids=ids, labels=ids).loss
@@ -58,7 +51,7 @@ def test_resize_trains_and_generates_new_words():
 
 
 def test_resize_shrinks_and_pads_to_multiple():
-    model = build("linear", "llama")
+    model = tiny_model("llama", "linear", HEAD_CASES["linear"])
     weight = model.head.weight.detach().clone()
     model.resize_token_embeddings(90)
     assert model.head.weight.shape[0] == model.config.vocab_size == 90

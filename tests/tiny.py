@@ -1,4 +1,5 @@
-"""Tiny random backbones shared by the tests (hidden 32, 2 layers, vocab 99)."""
+"""Tiny random backbones shared by the tests (hidden 32, 2 layers, vocab 99), and `tiny_model`,
+the one builder of hf_outheads models on them."""
 
 from __future__ import annotations
 
@@ -66,3 +67,19 @@ def batch(name: str, batch_size: int = 2, length: int = 7, seed: int = 1) -> dic
     if name in SEQ2SEQ:
         return {"input_ids": ids, "labels": torch.randint(3, VOCAB, (batch_size, length - 2), generator=g)}
     return {"input_ids": ids, "labels": ids.clone()}
+
+
+def model_class(name: str):
+    from hf_outheads import OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+
+    return OutHeadsForSeq2SeqLM if name in SEQ2SEQ else OutHeadsForCausalLM
+
+
+def tiny_model(name: str, head_type: str, options: dict | None = None, seed: int = 0):
+    """The one test builder: an hf_outheads model on the tiny `name` backbone with a fresh
+    `head_type` head (seeded), in eval mode."""
+    from hf_outheads import OutHeadsConfig
+
+    torch.manual_seed(seed)
+    config = OutHeadsConfig(text_config=tiny_config(name), head_type=head_type, head_options=options)
+    return model_class(name)(config).eval()

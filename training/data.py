@@ -37,7 +37,7 @@ def load_raw(options):
         raw = load_stdlib_dataset(options.dataset_config or ("text" if options.task == "causal_lm" else "summary"))
         return _to_iterable(raw) if options.streaming else raw
     if options.dataset_name == MANPAGES:
-        raw = load_manpages_dataset()
+        raw = load_manpages_dataset(options.dataset_config or ("text" if options.task == "causal_lm" else "restore"))
         return _to_iterable(raw) if options.streaming else raw
     if options.data_files:
         _check_files_not_empty(options.data_files)

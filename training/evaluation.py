@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hf_outheads import IGNORE_INDEX
+
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
-IGNORE_INDEX = -100
 # metric module -> the result keys reported (as `eval_<key>`; `score` becomes the module name)
 METRIC_KEYS = {"sacrebleu": ("score",), "chrf": ("score",), "rouge": ("rouge1", "rouge2", "rougeL", "rougeLsum")}
 
@@ -30,22 +31,18 @@ def load_metric(name: str):
     return evaluate.load(str(METRICS_DIR / name))
 
 
-def example_nll(model, batch, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+def example_nll(accelerator, model, batch, task: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed NLL, number of scored tokens) per example of the batch."""
     labels = batch["labels"]
     if task == "causal_lm":
         logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[:, :-1]
         labels = labels[:, 1:]
     else:
-        decoder_input_ids = unwrap(model).prepare_decoder_input_ids_from_labels(labels)
+        decoder_input_ids = accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(labels)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        decoder_input_ids=decoder_input_ids).logits
     nll = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
     return nll.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1)
-
-
-def unwrap(model):
-    return model.module if hasattr(model, "module") else model
 
 
 @torch.no_grad()
@@ -53,7 +50,7 @@ def evaluate_perplexity(accelerator, model, dataloader, task: str) -> dict:
     model.eval()
     nll_sum, tokens, examples = 0.0, 0, 0
     for batch in dataloader:
-        nll, count = accelerator.gather_for_metrics(example_nll(model, batch, task))
+        nll, count = accelerator.gather_for_metrics(example_nll(accelerator, model, batch, task))
         nll_sum += nll.double().sum().item()
         tokens += int(count.sum())
         examples += len(count)
@@ -72,7 +69,7 @@ def generate_texts(accelerator, model, dataloader, tokenizer, options) -> tuple[
     sources, predictions, references = [], [], []
     pad = tokenizer.pad_token_id
     for batch in dataloader:
-        generated = unwrap(model).generate(
+        generated = accelerator.unwrap_model(model).generate(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=options.max_target_length,
             num_beams=options.generation_num_beams, do_sample=False,
         )
@@ -99,8 +96,8 @@ def generation_scores(metric_names, predictions, references) -> dict:
 
 @torch.no_grad()
 def sample_text(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
-    """A sampled continuation of `prompt` (top-p 0.9, seeded), prompt included."""
-    model = unwrap(model).eval()
+    """A sampled continuation of `prompt` (top-p 0.9, seeded), prompt included; `model` unwrapped."""
+    model = model.eval()
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(model.device)
     torch.manual_seed(seed)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,

@@ -15,7 +15,7 @@ from itertools import islice
 import torch
 from tqdm.auto import tqdm
 
-IGNORE_INDEX = -100
+from hf_outheads import IGNORE_INDEX
 
 
 def loss_tokens(batch, task: str) -> torch.Tensor:
@@ -96,7 +96,7 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
                 record = running.record(scheduler.get_last_lr()[0])
                 log.log(record, progress.step)
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}")
-            for every, hook in hooks:  # periodic evaluation, code-table re-assignment
+            for every, hook in hooks:  # periodic evaluation, the head's periodic update
                 if every and progress.step % every == 0 and progress.step < max_steps:
                     log.log({**hook(), "train_seconds": sum(step_times)}, progress.step)
             stop = stop_at is not None and progress.step >= stop_at

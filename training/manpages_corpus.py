@@ -121,12 +121,34 @@ def manpage_records(debs: list[Path]) -> list[dict]:
     return sorted(records, key=lambda r: r["name"])
 
 
-def load_manpages_dataset(validation_percent: int = 5, cache: Path = CACHE):
-    """`DatasetDict(train, validation)` of `{"text"}` records, split by a hash of the page name."""
+SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def restore_pairs(text: str, min_words: int = 6, max_words: int = 30) -> list[dict]:
+    """Case and punctuation restoration: `source` is a prose sentence lowercased with its
+    punctuation removed, `target` the sentence as written."""
+    pairs = []
+    for line in text.split("\n")[1:]:
+        for sentence in SENTENCE_RE.split(line.strip()):
+            words = sentence.split()
+            if min_words <= len(words) <= max_words and sentence[-1:] in ".!?" and sentence[:1].isupper():
+                source = " ".join(re.sub(r"[^\w\s]", " ", sentence.lower()).split())
+                pairs.append({"source": source, "target": sentence})
+    return pairs
+
+
+def load_manpages_dataset(config: str = "text", validation_percent: int = 5, cache: Path = CACHE):
+    """`DatasetDict(train, validation)` split by a hash of the page name: `config="text"`, one
+    `{"text"}` record per page (language modelling); `"restore"`, `{"source", "target"}`
+    sentence pairs of `restore_pairs` (sequence to sequence)."""
     from datasets import Dataset, DatasetDict
 
+    if config not in ("text", "restore"):
+        raise ValueError(f"dataset_config {config!r} of debian_manpages is not one of ['text', 'restore'].")
     records = manpage_records(fetch_packages(cache))
     held = [int(hashlib.sha1(r["name"].encode()).hexdigest(), 16) % 100 < validation_percent for r in records]
-    split = {name: [{"text": r["text"]} for r, h in zip(records, held) if h == is_held]
-             for name, is_held in (("train", False), ("validation", True))}
-    return DatasetDict({name: Dataset.from_list(rows) for name, rows in split.items()})
+    rows = {"train": [], "validation": []}
+    for record, is_held in zip(records, held):
+        split = rows["validation" if is_held else "train"]
+        split.extend([{"text": record["text"]}] if config == "text" else restore_pairs(record["text"]))
+    return DatasetDict({name: Dataset.from_list(split) for name, split in rows.items()})

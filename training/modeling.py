@@ -24,7 +24,6 @@ PRESETS = {
                                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
                                 max_position_embeddings=1024)),
 }
-ENCODER_DECODER_TYPES = {"t5", "bart"}
 # every backbone config field that holds a dropout probability, across the preset families
 DROPOUT_FIELDS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "attention_dropout",
                   "dropout", "dropout_rate", "activation_dropout", "classifier_dropout")
@@ -46,7 +45,7 @@ def preset_config(options, tokenizer):
     if options.model_preset not in PRESETS:
         raise ValueError(f"Unknown model_preset {options.model_preset!r}. Valid presets: {sorted(PRESETS)}.")
     model_type, fields = PRESETS[options.model_preset]
-    if (model_type in ENCODER_DECODER_TYPES) != (options.task == "seq2seq"):
+    if AutoConfig.for_model(model_type).is_encoder_decoder != (options.task == "seq2seq"):
         raise ValueError(f"Preset {options.model_preset} ({model_type}) does not fit task={options.task}.")
     ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                eos_token_id=tokenizer.eos_token_id)

@@ -4,6 +4,10 @@ Options come from a YAML file (`--config`) and are overridden by `--key value` f
 An unknown key in either place is an error that lists the valid keys. Values of
 non-string options given on the command line are parsed as YAML (`--head_options
 '{k: 4}'`, `--gradient_checkpointing true`, `--generation_metrics '[sacrebleu, chrf]'`).
+
+Hand-written rather than transformers' `HfArgumentParser`: that parser turns a `dict` field's
+flag into `dict(string)` and a `list` field into `nargs="+"` strings, and reads no `null`, so
+`--head_options '{k: 4}'` or `--max_steps null` (YAML values on the command line) cannot be given.
 """
 
 from __future__ import annotations
@@ -79,8 +83,8 @@ class TrainOptions:
     max_grad_norm: float | None = opt(1.0, "Gradient clipping norm; null disables.")
     mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
-    code_reassign_steps: int | None = opt(None, "Heads that learn a word-to-code table (capability learns_code_table): "
-                                          "re-assign the codes every this many optimizer steps (default: eval_steps; 0: never, a fixed table).")
+    code_reassign_steps: int | None = opt(None, "Heads that update themselves periodically (updates_periodically: lightrnn "
+                                          "re-assigns its word-code table): every this many optimizer steps (default: eval_steps; 0: never, a fixed table).")
     # evaluation
     eval_steps: int | None = opt(None, "Evaluate every this many optimizer steps (and always at the end).")
     generation_metrics: list = opt([], "Generation metrics from training/metrics: sacrebleu, chrf, rouge (seq2seq).")

@@ -12,8 +12,8 @@ import math
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` importable when run as a script
 
@@ -23,13 +23,14 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, get_scheduler
 
+from hf_outheads import IGNORE_INDEX
 from training import data as data_lib
 from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from training.evaluation import evaluate_perplexity, generate_texts, generation_scores, sample_text
 from training.launching import check_process_count, force_cpu
 from training.loop import train_loop
 from training.modeling import build_model, parameter_counts, position_limit
-from training.options import parse_options
+from training.options import TrainOptions, parse_options
 from training.publish import finish_run
 from training.tokenization import TRAINABLE, load_pretrained_tokenizer, train_tokenizer
 from training.tracking import MetricsLog, Progress, trackers
@@ -61,7 +62,7 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
     """(train, evaluation, generation-or-None) dataloaders, not yet prepared."""
     with accelerator.main_process_first():
         train, validation = data_lib.tokenised_splits(train_split, validation_split, tokenizer, options)
-    collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, pad_to_multiple_of=None)
+    collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=None)
     streaming = not hasattr(train, "__len__")
     train_dl = DataLoader(train, shuffle=not streaming, batch_size=options.per_device_train_batch_size, collate_fn=collator)
     eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, collate_fn=collator)
@@ -142,7 +143,28 @@ def resume_or_start_fresh(accelerator, options, model, checkpoint) -> Progress:
     return Progress()
 
 
-def prepare_run(options) -> SimpleNamespace:
+@dataclass
+class PreparedRun:
+    """Everything a run uses, prepared by accelerate (`prepare_run`)."""
+
+    options: TrainOptions
+    accelerator: Accelerator
+    tokenizer: object
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    train_dl: DataLoader
+    eval_dl: DataLoader
+    gen_dl: DataLoader | None
+    validation_split: object
+    n_validation: int | None
+    counts: dict
+    max_steps: int
+    progress: Progress
+    log: MetricsLog
+
+
+def prepare_run(options) -> PreparedRun:
     """Accelerator, data, tokenizer, model, optimizer and schedule, prepared; resumed from the
     latest checkpoint when there is one."""
     os.makedirs(options.output_dir, exist_ok=True)
@@ -172,7 +194,10 @@ def prepare_run(options) -> SimpleNamespace:
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
                  "validation_examples": n_validation, "max_steps": max_steps}, 0)
-    return SimpleNamespace(**locals())
+    return PreparedRun(options=options, accelerator=accelerator, tokenizer=tokenizer, model=model, optimizer=optimizer,
+                       scheduler=scheduler, train_dl=train_dl, eval_dl=eval_dl, gen_dl=gen_dl,
+                       validation_split=validation_split, n_validation=n_validation, counts=counts,
+                       max_steps=max_steps, progress=progress, log=log)
 
 
 def final_results(run, step_times) -> dict:
@@ -182,20 +207,22 @@ def final_results(run, step_times) -> dict:
                    train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
     if options.task == "causal_lm" and accelerator.is_main_process:
         prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
-        results["sample"] = sample_text(run.model, run.tokenizer, prompt, options.sample_max_new_tokens, options.seed)
+        results["sample"] = sample_text(accelerator.unwrap_model(run.model), run.tokenizer, prompt,
+                                        options.sample_max_new_tokens, options.seed)
     return results
 
 
-def code_table_hook(accelerator, model, options) -> tuple:
-    """(interval, hook) re-assigning a learnt word-to-code table (HybridLightRNN-style heads,
-    capability `learns_code_table`); costs are summed over processes by the head. Costs
-    accumulated since the last re-assignment are not checkpointed."""
+def periodic_update_hook(accelerator, model, options) -> tuple:
+    """(interval, hook) for a head that updates itself periodically (`head.updates_periodically`,
+    e.g. lightrnn re-assigning its word-code table) every `code_reassign_steps` (default: eval_steps);
+    the head's statistics are summed over processes with `accelerator.reduce`. Statistics collected
+    since the last update are not checkpointed."""
     head = accelerator.unwrap_model(model).head
     every = options.eval_steps if options.code_reassign_steps is None else options.code_reassign_steps
-    if not getattr(head, "learns_code_table", False) or not every:  # 0: a fixed table, no costs tracked
+    if not head.updates_periodically or not every:  # 0: no updates, no statistics collected
         return None, None
-    head.track_code_costs(True)
-    return every, lambda: {f"code_{k}": v for k, v in head.reassign_codes().items()}
+    head.begin_periodic_updates()
+    return every, lambda: head.periodic_update(reduce=lambda tensor: accelerator.reduce(tensor, reduction="sum"))
 
 
 def training_function(options) -> dict:
@@ -208,9 +235,9 @@ def training_function(options) -> dict:
     def save():
         save_checkpoint(accelerator, run.model, options.output_dir, vars(run.progress), options.save_total_limit)
 
+    hooks = [(options.eval_steps, evaluate), periodic_update_hook(accelerator, run.model, options)]
     interrupted, step_times = train_loop(accelerator, options, run.model, run.optimizer, run.scheduler, run.train_dl,
-                                         [(options.eval_steps, evaluate), code_table_hook(accelerator, run.model, options)],
-                                         run.log, run.progress, run.max_steps, save)
+                                         hooks, run.log, run.progress, run.max_steps, save)
     if interrupted:
         accelerator.print(f"Stopped after step {run.progress.step} (stop_after_steps); run the same command again "
                           "to resume and finish.")

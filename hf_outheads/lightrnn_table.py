@@ -25,16 +25,41 @@ words keep their codes. Two solvers, both never worse than the current placement
     1/2-approximation of a matching, the LightRNN code a greedy heuristic; neither
     guarantees not to worsen the current placement. A result that is not strictly better
     keeps the old table.
+Costs (paper Eq. 6): `row_cost[w, r] = -sum_t log p(first = F+r | h_t)` and `col_cost[w, c] =
+-sum_t log p(second = c | h_t, first = r_w)` over the occurrences t of w, r_w its current row,
+the mixture's own conditionals (unmasked): at the current table their sum is the word's NLL.
+While tracking, the accumulators take `|V| (R + C)` fp32 (370 MB at |V| = 128K, default shape).
+No parameter belongs to a word or a cell (only to codes: rows, columns, exclusive words), so a
+re-assignment permutes no parameter: a moved word takes the scores of its new row and column,
+which the costs measured; the optimiser state stays valid.
 scipy is imported only when re-assigning (training), so inference and remote code never need it.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 TABLE_INITS = ("frequency", "random")
+MASKED = -1e30  # bias of codes that hold no word: exp underflows to exactly 0 in fp32
+CHUNK_ELEMENTS = 2**24  # per position chunk of the full distribution and of the cost accumulation
 EXACT_LIMIT = 2**22  # words x cells entries of the exact problem (about 2,048 x 2,048, ~1 s)
+
+
+def table_shape(vocab_size: int, F: int | None, R: int | None, C: int | None) -> tuple[int, int, int]:
+    """(F, R, C) with the defaults of the unset ones (`head_lightrnn` docstring); a table too small
+    for the vocabulary is an error."""
+    F = min(4096, vocab_size // 4) if F is None else F
+    n = max(vocab_size - F, 1)
+    C = C or (math.ceil(n / R) if R else math.ceil(math.sqrt(n)))
+    R = R or math.ceil(n / C)
+    if F + R * C < vocab_size:
+        raise ValueError(f"Head 'lightrnn': num_exclusive + num_rows * num_columns = {F} + {R} * {C} codes cannot "
+                         f"hold the {vocab_size} words; enlarge the table.")
+    return F, R, C
 
 
 def codes_from_counts(counts: torch.Tensor, F: int, R: int, C: int, order: str = "frequency", seed: int = 0):
@@ -196,3 +221,30 @@ def row_summaries(codes, F, R, C, vectors: torch.Tensor, bias: torch.Tensor):
     top = torch.full((R,), -1e4, device=bias.device).scatter_reduce(0, rows, bias[table], "amax")
     total = torch.zeros(R, device=bias.device).index_add_(0, rows, (bias[table] - top[rows]).exp())
     return means, top + total.clamp(min=1e-30).log()
+
+
+def empty_costs(vocab_size: int, R: int, C: int, device) -> list:
+    """`[row_cost (|V|, R), col_cost (|V|, C), tokens]`, the accumulators of the costs."""
+    return [torch.zeros(vocab_size, R, device=device), torch.zeros(vocab_size, C, device=device), 0]
+
+
+@torch.no_grad()
+def add_costs(costs: list, codes, table, log_prior, k, s2, labels, row, W1, b1, b2) -> None:
+    """Add the costs of the table words among `labels` (positions flattened): `log_prior (n, K)`,
+    latents `k (n, K, d)`, the label's row's column scores `s2 (n, K, C)` without the bias, `row (n,)`,
+    first-code weights `W1` and bias `b1`, column bias `b2 (C,)`. Unmasked conditionals (an empty
+    row or cell may receive words): `-log p(first = F+r)` for every row, `-log p(second = c |
+    first = current row)` for every column, the components weighted by their posterior given the row."""
+    f, r, _ = table
+    table_word = codes[labels] >= f
+    log_prior, k, s2, labels, row = (t[table_word] for t in (log_prior, k, s2, labels, row))
+    step = max(1, CHUNK_ELEMENTS // (k.shape[1] * (f + r)))
+    for s in range(0, k.shape[0], step):
+        part = slice(s, s + step)
+        joint = F.linear(k[part], W1, b1).log_softmax(-1)[..., f:] + log_prior[part].unsqueeze(-1)  # log pi_j p_j(r)
+        posterior = joint.gather(-1, row[part].view(-1, 1, 1).expand(-1, joint.shape[1], 1)).squeeze(-1)
+        posterior = posterior - posterior.logsumexp(-1, keepdim=True)  # components given the current row
+        col = torch.logsumexp(posterior.unsqueeze(-1) + (s2[part] + b2).log_softmax(-1), 1)
+        costs[0].index_add_(0, labels[part], -joint.logsumexp(1))
+        costs[1].index_add_(0, labels[part], -col)
+    costs[2] += int(labels.numel())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .heads import IGNORE_INDEX
+from .head_interface import IGNORE_INDEX
 
 
 def sample_candidates(

@@ -1,4 +1,4 @@
-"""The output-head interface shared by every head, and the options machinery.
+"""The output-head interface shared by every head (options: `options.py`).
 
 A head turns the backbone's final hidden states (and, when it asks for them, the input
 embedding matrix or middle-layer states) into next-token scores over the vocabulary.
@@ -11,23 +11,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from .options import HeadDims, HeadOptions
 
-
-@dataclass(frozen=True)
-class HeadDims:
-    """Sizes a head is built for, read from the backbone config (see `backbones.head_dims`)."""
-
-    vocab_size: int
-    embed_dim: int  # d: width of the input embedding matrix E
-    hidden_dim: int  # d_h: width of the backbone's final hidden state
-    num_layers: int  # number of backbone layers (hidden_states has num_layers + 1 entries)
+IGNORE_INDEX = -100  # labels the loss skips (transformers' convention)
 
 
 @dataclass
@@ -55,45 +47,6 @@ class HeadOutput:
     aux_loss: torch.Tensor | None = None
 
 
-@dataclass
-class HeadOptions:
-    """Base class of every head's hyper-parameters. Subclasses add fields with the
-    papers' defaults and override `validate` to check them against the backbone."""
-
-    def validate(self, dims: HeadDims) -> None:
-        return None
-
-    @classmethod
-    def from_dict(cls, head_type: str, options: dict[str, Any] | None) -> "HeadOptions":
-        options = dict(options or {})
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(
-                f"Unknown option(s) {unknown} for head '{head_type}'. "
-                f"Valid options: {valid or 'none (this head takes no options)'}."
-            )
-        return cls(**options)
-
-
-def check_positive(head_type: str, **values: int | float) -> None:
-    """Raise a ValueError naming the option if any size is not strictly positive."""
-    for name, value in values.items():
-        if value is None or value <= 0:
-            raise ValueError(f"Head '{head_type}': option '{name}' must be > 0, got {value!r}.")
-
-
-def check_choice(head_type: str, name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"Head '{head_type}': option '{name}'={value!r} is not one of {list(choices)}.")
-
-
-def check_probability(head_type: str, **values: float) -> None:
-    for name, value in values.items():
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"Head '{head_type}': option '{name}' must be in [0, 1), got {value!r}.")
-
-
 class OutputHead(nn.Module):
     """Interface of every output head.
 
@@ -101,6 +54,14 @@ class OutputHead(nn.Module):
       - `layer_indices`: indices into the backbone's `hidden_states` the head needs besides
         the final hidden state (0 = embedding output); empty for most heads.
       - `returns_log_probs`: `logits` holds normalised log-probabilities (mixtures).
+    Optional training hooks (no-ops here), which training loops call for any head:
+      - `set_word_counts(counts)`: training-set word frequencies, once before training;
+      - `updates_periodically`: the head learns something besides its parameters by
+        `periodic_update(reduce)` at an interval (lightrnn's word-code table); a loop calls
+        `begin_periodic_updates()` once (the head then collects statistics in its training
+        forwards), then `periodic_update(reduce)` every so many steps, which returns metrics.
+        `reduce(tensor)` sums a statistic over processes (`accelerator.reduce`); the head
+        calls it on every process, so the loop calls `periodic_update` on every process.
     Subclasses implement `forward(inputs, labels) -> HeadOutput` and `init_from_lm_head`;
     `resize_vocab` has a generic default (used by `model.resize_token_embeddings`).
     """
@@ -108,10 +69,12 @@ class OutputHead(nn.Module):
     head_type: ClassVar[str]
     Options: ClassVar[type[HeadOptions]] = HeadOptions
     returns_log_probs: ClassVar[bool] = False
+    updates_periodically: ClassVar[bool] = False
 
     def __init__(self, options: HeadOptions, dims: HeadDims):
+        """`options` are resolved here (`HeadOptions.resolve`): sub-classes read `self.options`."""
         super().__init__()
-        self.options = options
+        self.options = options.resolve(dims)
         self.dims = dims
         self.register_load_state_dict_post_hook(_check_loaded_state)
 
@@ -151,6 +114,15 @@ class OutputHead(nn.Module):
         before training, for any head; heads that use word frequencies (a unigram sampling
         proposal, a frequency-sorted code table) override it. Default: unused."""
         return None
+
+    def begin_periodic_updates(self) -> None:
+        """Start collecting what `periodic_update` needs (see the class docstring). Default: nothing."""
+        return None
+
+    def periodic_update(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:
+        """Update from the statistics collected since the last call, reset them, return metrics;
+        `reduce` sums a tensor over processes (None: one process). Default: nothing, `{}`."""
+        return {}
 
     @torch.no_grad()
     def resize_vocab(self, new_size: int) -> None:

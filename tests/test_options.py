@@ -1,0 +1,91 @@
+"""Every head option is type- and range-checked in one place (`HeadOptions.resolve`): a bad
+value is a ValueError naming the head and the option, never a raw TypeError, a silent
+default or a silently converted value; resolved options are complete and resolve to themselves."""
+
+import dataclasses
+
+import pytest
+
+from hf_outheads import HEAD_CLASSES, HeadDims, OutHeadsConfig
+from head_cases import HEAD_CASES
+from tiny import tiny_config
+
+DIMS = HeadDims(vocab_size=99, embed_dim=32, hidden_dim=32, num_layers=2)
+
+# (head, options, the option the error must name): each of these was accepted, silently changed or
+# failed with a TypeError before options were checked in one place
+BAD = [
+    ("joint", {"joint_dim": "16"}, "joint_dim"),
+    ("drill", {"dropout": "0.1"}, "dropout"),
+    ("linear", {"sampled_fraction": None}, "sampled_fraction"),
+    ("tied", {"sampled_fraction": "0.5"}, "sampled_fraction"),
+    ("drill", {"residual_previous": "false"}, "residual_previous"),
+    ("drill", {"depth": None}, "depth"),
+    ("doc", {"components": [[1.7, 1]]}, "components"),
+    ("doc", {"components": {"1.7": 1}}, "components"),
+    ("doc", {"components": [[-1, 1.0]]}, "components"),
+    ("doc", {"components": "[[-1, 2]]"}, "components"),
+    ("doc", {"regularizer_weight": None}, "regularizer_weight"),
+    ("doc", {"middle_layer_norm": "yes"}, "middle_layer_norm"),
+    ("lightrnn", {"num_rows": 0}, "num_rows"),
+    ("lightrnn", {"num_rows": -3}, "num_rows"),
+    ("lightrnn", {"num_columns": 0}, "num_columns"),
+    ("lightrnn", {"num_exclusive": 2.5}, "num_exclusive"),
+    ("lightrnn", {"table_init": None}, "table_init"),
+    ("mos", {"latent_dropout": "0.1"}, "latent_dropout"),
+    ("mos", {"num_components": "3"}, "num_components"),
+    ("mos", {"tied": "true"}, "tied"),
+    ("mos", {"latent_dim": float("nan")}, "latent_dim"),
+    ("bilinear", {"init": None}, "init"),
+    ("joint", {"form": None}, "form"),
+]
+
+
+@pytest.mark.parametrize("head,options,option", BAD, ids=[f"{h}-{o}-{v!r}" for h, v, o in BAD])
+def test_bad_option_values_name_the_head_and_the_option(head, options, option):
+    with pytest.raises(ValueError) as error:
+        OutHeadsConfig(text_config=tiny_config("gpt2"), head_type=head, head_options=options)
+    assert f"Head '{head}'" in str(error.value) and f"'{option}'" in str(error.value), str(error.value)
+
+
+def declared_fields(head_type):
+    return dataclasses.fields(HEAD_CLASSES[head_type].Options)
+
+
+@pytest.mark.parametrize("head_type", sorted(HEAD_CLASSES))
+def test_every_declared_option_rejects_a_value_of_the_wrong_type(head_type):
+    """Every field of every head: a string where a number or flag is wanted, a number where a
+    choice is wanted, a list where anything else is wanted."""
+    for f in declared_fields(head_type):
+        spec = f.metadata["spec"]
+        wrong = {"choice": [3, ["full"]], "custom": [3, "x"]}.get(spec.kind, ["1", [1]])
+        for value in wrong:
+            with pytest.raises(ValueError) as error:
+                HEAD_CLASSES[head_type].Options.from_dict({f.name: value}).resolve(DIMS)
+            assert f"Head '{head_type}'" in str(error.value) and f"'{f.name}'" in str(error.value), (f.name, value)
+
+
+@pytest.mark.parametrize("head_type", sorted(HEAD_CLASSES))
+def test_resolved_options_are_complete_and_resolve_to_themselves(head_type):
+    cls = HEAD_CLASSES[head_type]
+    assert cls.Options.head_type == head_type  # errors name the right head
+    assert all("spec" in f.metadata for f in declared_fields(head_type))  # every option is declared with a check
+    given = cls.Options.from_dict(HEAD_CASES[head_type])
+    before = dataclasses.asdict(given)
+    resolved = given.resolve(DIMS)
+    assert dataclasses.asdict(given) == before  # resolve returns a copy
+    assert None not in [v for k, v in dataclasses.asdict(resolved).items() if k != "latent_dim"]  # None: embedding width
+    assert resolved.resolve(DIMS) == resolved
+    config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type=head_type, head_options=HEAD_CASES[head_type])
+    assert config.head_options == dataclasses.asdict(resolved)
+    assert cls.Options.from_dict(config.head_options).resolve(DIMS) == resolved
+
+
+def test_integral_values_keep_their_meaning():
+    """What was valid stays valid and means the same: ints for number options, JSON's string
+    keys for doc's {layer: count}, explicit table sizes."""
+    doc = HEAD_CLASSES["doc"].Options.from_dict({"components": {"-1": 2, "0": 1}, "regularizer_weight": 0}).resolve(DIMS)
+    assert doc.components == [[-1, 2], [0, 1]] and doc.regularizer_weight == 0
+    lightrnn = HEAD_CLASSES["lightrnn"].Options.from_dict({"num_exclusive": 0, "num_rows": 10}).resolve(DIMS)
+    assert (lightrnn.num_exclusive, lightrnn.num_rows, lightrnn.num_columns) == (0, 10, 10)
+    assert HEAD_CLASSES["linear"].Options.from_dict({"sampled_fraction": 1}).resolve(DIMS).sampled_fraction == 1
