@@ -9,7 +9,7 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.hf_api import RepoUrl
 from transformers import AutoModelForCausalLM
 
-from hf_outheads import HEAD_CLASSES
+from hf_outheads import HEAD_CLASSES, OutHeadsForCausalLM
 from tiny import batch, tiny_model
 
 CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "head_interface.py", "options.py", "head_catalog.py",
@@ -118,7 +118,7 @@ def test_trainer_push_to_hub_card_describes_the_head(fake_hub, tmp_path, monkeyp
 
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
 
-    model = build(head="drill")
+    model = tiny_model("gpt2", "drill")
     args = TrainingArguments(output_dir=str(tmp_path / "run"), hub_model_id="someone/tiny-drill", report_to=[],
                              use_cpu=True, save_strategy="no")
     Trainer(model=model, args=args).push_to_hub()
