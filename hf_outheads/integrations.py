@@ -21,12 +21,13 @@ whatever the head. No import of those libraries: only the conventions they follo
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
 
 import torch
 from transformers.utils import ModelOutput
 
-from .head_interface import IGNORE_INDEX
+from .head_interface import IGNORE_INDEX, OutputHead
 
 
 @dataclass
@@ -103,3 +104,89 @@ def effective_embedding_weight(module: torch.nn.Module) -> torch.Tensor:
         return module.weight
     ids = torch.arange(base.weight.shape[0], device=base.weight.device)
     return base.weight + (module(ids) - base(ids)).to(base.weight.dtype)
+
+
+class LibraryHooks:
+    """The `OutHeadsFor*` methods that libraries call on a model's output layer: the output
+    embeddings (the head), TRL's fused LM head, resizing, and the Hub model card. Mixed into
+    `OutHeadsPreTrainedModel` before `PreTrainedModel`."""
+
+    def get_output_embeddings(self) -> OutputHead:
+        """The output layer: the head, for every head type. Its scores are not `W h + b` in
+        general, so it is no `nn.Linear`; what libraries do with the output layer is handled here:
+        resizing (`resize_token_embeddings`), TRL's fused LM head (answered through the head, see
+        `integrations`); transformers' quantizers list it among the modules not to convert; an
+        adapter on the input embeddings is seen by the head, and TRL does not take it for one on
+        the LM head (as it would if this returned the embedding module)."""
+        return self.head
+
+    def set_output_embeddings(self, new_embeddings):
+        if not isinstance(new_embeddings, OutputHead):
+            raise TypeError(f"The output layer of {type(self).__name__} is an OutputHead (model.head); "
+                            f"got {type(new_embeddings).__name__}.")
+        self.head = new_embeddings
+
+    def __setattr__(self, name, value):
+        """Keep the class's `forward` when TRL's `add_fused_lm_head` replaces it: the replacement
+        would score `last_hidden_state @ lm_head.weight`, bypassing the head; `forward` answers
+        `fused_lm_head=True` through the head instead (see `integrations`)."""
+        if name == "forward" and is_fused_lm_head_patch(self, value):
+            self._fused_lm_head = fused_lm_head_settings(value)
+            return
+        super().__setattr__(name, value)
+
+    def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch):
+        """TRL's fused-LM-head call (`fused_lm_head=True`): per-token log-probabilities of the
+        next-token labels, entropy, ... through the head (`integrations.fused_outputs`)."""
+        if shift_labels is None:
+            if labels is None:
+                raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
+            shift_labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+        _, logits, aux_loss = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
+        temperature = getattr(self, "_fused_lm_head", {}).get("temperature", 1.0)
+        keep = slice(None) if labels is None else slice(None, -1)  # (batch, seq_len - 1) as TRL's
+        shift_labels = shift_labels.to(logits.device)
+        return fused_outputs(logits[:, keep], shift_labels[:, keep], temperature, num_items_in_batch, aux_loss)
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """The backbone's input embeddings only; the output layer (the head) is resized by
+        `resize_token_embeddings` through `head.resize_vocab`, not as an `nn.Linear`."""
+        old_embeddings = self.get_input_embeddings()
+        new_embeddings = self._get_resized_embeddings(old_embeddings, new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if hasattr(old_embeddings, "_hf_hook"):  # accelerate's device placement, as transformers does
+            try:  # (in a try: remote code needs no package beyond torch and transformers)
+                from accelerate.hooks import add_hook_to_module
+            except ImportError:  # no accelerate, no hook
+                pass
+            else:
+                add_hook_to_module(new_embeddings, old_embeddings._hf_hook)
+        new_embeddings.requires_grad_(old_embeddings.weight.requires_grad)
+        self.set_input_embeddings(new_embeddings)
+        return self.get_input_embeddings()
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Resize the backbone's embeddings, then the head's per-word parameters
+        (`head.resize_vocab`), and keep `config.vocab_size` and `text_config.vocab_size` equal."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        new_size = embeddings.weight.shape[0]
+        if new_size != self.head.dims.vocab_size:
+            self.head.resize_vocab(new_size)
+        self.config.vocab_size = self.config.text_config.vocab_size = new_size
+        return embeddings
+
+    def create_model_card(self, repo_id: str | None = None, tags: list[str] | None = None):
+        """A `huggingface_hub.ModelCard` for this model (head, backbone, usage), rendered offline."""
+        from .model_card import build_model_card
+
+        return build_model_card(self, repo_id, tags)
+
+    def _upload_modified_files(self, working_dir, repo_id, *args, **kwargs):
+        """Hook of `push_to_hub` / `save_pretrained(push_to_hub=True)`, called after the folder
+        is written and before the single commit: replace transformers' generic README by
+        `create_model_card()` (keeping its tags)."""
+        from huggingface_hub import ModelCard
+
+        readme = os.path.join(working_dir, "README.md")
+        tags = ModelCard.load(readme).data.tags if os.path.isfile(readme) else None
+        self.create_model_card(repo_id, tags).save(readme)
+        return super()._upload_modified_files(working_dir, repo_id, *args, **kwargs)
