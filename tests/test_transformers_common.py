@@ -132,7 +132,7 @@ class Tester:
         return self.get_config(), inputs
 
 
-CASES = [("llama", "tied"), ("llama", "mos"), ("t5", "tied"), ("t5", "mos")]
+CASES = [("llama", "tied"), ("llama", "drill"), ("llama", "mos"), ("t5", "tied"), ("t5", "joint"), ("t5", "mos")]
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")  # transformers' own marks
 
 
