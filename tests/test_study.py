@@ -50,7 +50,9 @@ def test_variants_need_a_registered_head_type(tmp_path):
     config.write_text(yaml.safe_dump({"head_options_by_head": {"mos-paper": {"head_type": "mos", "tied": True},
                                                                "typo": {"num_components": 2}}}))
     options = parse_options(["--config", str(config)])
-    assert compare_heads.run_specs(options, ["mos-paper"]) == {"mos-paper": ("mos", {"tied": True})}
+    head, spelt_out = compare_heads.run_specs(options, ["mos-paper"])["mos-paper"]
+    assert head == "mos" and spelt_out["tied"] is True  # the given option, over every default spelt out
+    assert spelt_out["latent_init"] == "identity" and spelt_out["num_components"] == 15
     with pytest.raises(SystemExit, match=r"\['typo'\] are not registered.*needs `head_type`"):
         compare_heads.run_specs(options, ["tied", "typo"])
     with pytest.raises(SystemExit, match=r"\['no_such_head'\] are not registered"):

@@ -61,7 +61,10 @@ def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
         raise SystemExit(f"Head(s) {unknown} are not registered in hf_outheads.HEAD_CLASSES. "
                          f"Registered heads: {sorted(HEAD_CLASSES)}. A variant name needs `head_type` in "
                          "head_options_by_head.")
-    return specs
+    # every option spelt out (the head's current defaults under the given ones), so that a run
+    # trained under other defaults is not reused
+    return {name: (head, {**dataclasses.asdict(HEAD_CLASSES[head].Options()), **given})
+            for name, (head, given) in specs.items()}
 
 
 def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: str, threads: int) -> dict:

@@ -13,6 +13,8 @@ from .stdlib_corpus import load_stdlib_dataset
 
 BUILTIN = "stdlib_docstrings"
 MANPAGES = "debian_manpages"  # built from Debian's manpages packages (training/manpages_corpus.py)
+# corpora built here: name -> (loader of a config, the config of the seq2seq task; "text" is the LM one)
+BUILT_CORPORA = {BUILTIN: (load_stdlib_dataset, "summary"), MANPAGES: (load_manpages_dataset, "restore")}
 FILE_FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -33,11 +35,9 @@ def _check_files_not_empty(data_files: dict) -> None:
 
 def load_raw(options):
     """The dataset splits named by the options, before tokenisation."""
-    if options.dataset_name == BUILTIN:
-        raw = load_stdlib_dataset(options.dataset_config or ("text" if options.task == "causal_lm" else "summary"))
-        return _to_iterable(raw) if options.streaming else raw
-    if options.dataset_name == MANPAGES:
-        raw = load_manpages_dataset(options.dataset_config or ("text" if options.task == "causal_lm" else "restore"))
+    if options.dataset_name in BUILT_CORPORA:
+        load, seq2seq_config = BUILT_CORPORA[options.dataset_name]
+        raw = load(options.dataset_config or ("text" if options.task == "causal_lm" else seq2seq_config))
         return _to_iterable(raw) if options.streaming else raw
     if options.data_files:
         _check_files_not_empty(options.data_files)
