@@ -68,7 +68,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         options = config.build_head_options()  # a config without a backbone (text_config) or with bad options fails here
         super().__init__(config)
         self.backbone = AutoModel.from_config(config.text_config)
-        self.head: OutputHead = get_head_class(config.head_type)(options, head_dims(config.text_config))
+        with torch.random.fork_rng(devices=[]):  # see _init_weights
+            self.head: OutputHead = get_head_class(config.head_type)(options, head_dims(config.text_config))
         self._check_backbone_shapes()
         # remote code: AutoModel resolves to this class too (register_for_auto_class takes one)
         config.auto_map = {**(getattr(config, "auto_map", None) or {}), "AutoModel": f"modeling_outheads.{type(self).__name__}"}
@@ -84,8 +85,12 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             )
 
     def _init_weights(self, module):
+        """The head initialises on a fork of the global random state: the backbone's init and
+        the training randomness after it (dropout, sampling) are the same whatever the head,
+        so two heads trained from one seed differ only by their heads."""
         if isinstance(module, OutputHead):
-            module.reset_parameters()
+            with torch.random.fork_rng(devices=[]):
+                module.reset_parameters()
 
     def output_embedding_matrix(self) -> torch.Tensor:
         """`E`: the input embedding matrix of the (decoder) backbone, `|V| x d`, as the backbone
