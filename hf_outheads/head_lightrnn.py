@@ -13,8 +13,8 @@ mixture. `e_r` is the row's embedding, the input that conditions the column dist
 Codes that hold no word are masked (empty rows in the first softmax, empty cells in their
 row's column softmax), so `logits` are exact log-probabilities normalised over `|V|`
 (`returns_log_probs`). The training loss reads only the gold codes: per position and component,
-`F + R` first-code scores (chunked `losses.linear_cross_entropy`) and the gold row's `C` column
-scores, never `|V|`; the full distribution (generation, evaluation, `return_logits=True`)
+`F + R` first-code scores (the fused `losses.mixture_nll_sum`, any K) and the gold row's `C`
+column scores, never `|V|`; the full distribution (generation, evaluation, `return_logits=True`)
 needs every row, `(N, K, R, C)`, in position chunks: about `mos`'s cost at the same K.
 
 Options (defaults): `num_components` = 1 (paper's MoS variants: 3, 9); `num_exclusive` (F) =
@@ -53,7 +53,7 @@ from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, nl
 from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, reassign, resize_codes,
                              row_summaries, table_grid, table_shape)
-from .losses import linear_cross_entropy
+from .losses import mixture_nll_sum
 from .mixture import MixtureOptions, PriorAndLatents, over_row_chunks
 from .options import HeadDims, choice, flag, integer
 
@@ -152,9 +152,10 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         return z if mask is None else z * mask
 
     def label_nll(self, log_prior, k, pre, mask, labels, params):
-        """Per position: NLL of the label (the gold word), its row's column scores `(n, K, C)`
-        before the bias, its row. First codes through the chunked `losses.linear_cross_entropy`
-        over the `n * K` latents (as `mixture.mixture_nll`), columns of the label's row only."""
+        """Summed NLL of the labels (the gold words), their rows' column scores `(n, K, C)`
+        before the bias, their rows. The gold column's log-probability joins the prior's
+        log-weights of `losses.mixture_nll_sum` over the first codes (fused: gradient in
+        forward); columns are scored for the label's row only."""
         W1, b1, E_row, W2, b2 = params
         f, _, c = self.table
         K = k.shape[1]
@@ -163,11 +164,10 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         cell = (code - f).clamp(min=0)
         row, col = cell // c, cell % c
         first = torch.where(table_word, f + row, code)
-        nll1 = linear_cross_entropy(k.reshape(-1, k.shape[-1]), W1, first.repeat_interleave(K), b1).view(-1, K)
         s2 = F.linear(self.column_latent(pre, E_row[row].unsqueeze(1), mask), W2)  # (n, K, C), no bias
         lp2 = (s2 + b2[row].unsqueeze(1)).log_softmax(-1).gather(-1, col.view(-1, 1, 1).expand(-1, K, 1)).squeeze(-1)
-        logp = torch.where(table_word.unsqueeze(1), lp2, 0) - nll1
-        return -torch.logsumexp(log_prior + logp, -1), s2, row
+        log_weights = log_prior + torch.where(table_word.unsqueeze(1), lp2, 0)  # log pi_j + log p_j(second | first)
+        return mixture_nll_sum(log_weights, k, W1, b1, first), s2, row
 
     def log_probs(self, log_prior, k, pre, mask, params) -> torch.Tensor:
         """Full `log p(.|h)`, `(n, |V|)`, in checkpointed position chunks (`positions_log_probs`)."""
@@ -202,7 +202,7 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         nll, s2, row = self.label_nll(*states, labels, params)
         if self.training and self.tracking_code_costs:  # never from evaluation data
             self._add_costs(states[0].detach(), states[1].detach(), s2.detach(), labels, row, params)
-        return HeadOutput(logits=None, nll_sum=nll.sum())
+        return HeadOutput(logits=None, nll_sum=nll)
 
     # ----- learning the table (the interface's periodic update) -----
     def periodic_update(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:

@@ -28,7 +28,8 @@ Options (defaults):
 
 Departures from the reference code: mixing in log space (`logsumexp`, fp32) instead of
 `log(sum_j pi_j p_j + 1e-8)`, which floors log-probabilities at -18.4; the training loss is
-computed exactly without the `N x K x |V|` tensor (`mixture.mixture_nll`).
+computed exactly without the `N x K x |V|` tensor, its gradient in the same pass
+(`losses.mixture_nll_sum`).
 
 Output: `logits` are normalised log-probabilities (`returns_log_probs`), so generate's
 softmax, temperature, top-k/top-p, beam search and the HF loss are unchanged. The

@@ -1,14 +1,20 @@
-"""Memory-lean cross-entropy of a linear layer: per-row NLL of `softmax(x W^T + b)` without
-ever holding the `N x |V|` logits (nor their gradient) for all rows at once.
+"""Memory-lean exact losses of linear scores `x W^T + b`, never holding the `N x |V|` logits (nor
+their gradient) for all rows at once:
 
-Used by the mixture heads for their exact loss over `J * N` latent rows; usable by any head
-whose scores are `x W^T + b`.
+  - `mixture_nll_sum`: the summed NLL of a mixture of such softmaxes (MoS, Yang et al. 2018,
+    Eq. 4), `-sum_i logsumexp_j(log pi_ij + log softmax(W k_ij + b)[y_i])`. Its gradient is
+    computed in the forward pass, chunk by chunk over rows, as fused linear-cross-entropy
+    kernels do for one softmax: the 3 matrix products of a layer's step per chunk (scores, dk,
+    dW; plus db, a matrix-vector product), none in backward;
+  - `linear_cross_entropy`: one softmax, per-row (`reduction="none"`, chunks recomputed in
+    backward) or summed (`reduction="sum"`, gradient in forward; "chunked" is the mixture with K = 1).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from .head_interface import IGNORE_INDEX
@@ -16,6 +22,7 @@ from .head_interface import IGNORE_INDEX
 # Logits elements per chunk (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
 CHUNK_ELEMENTS = 2**25
 IMPLEMENTATIONS = ("auto", "torch", "chunked", "naive")
+REDUCTIONS = ("none", "sum")
 
 
 def has_torch_linear_cross_entropy() -> bool:
@@ -23,8 +30,114 @@ def has_torch_linear_cross_entropy() -> bool:
     return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
 
 
+def is_traced() -> bool:
+    """Inside `torch.export` / `torch.compile` tracing, where a Python loop over a tensor size
+    would freeze that size into the graph."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
 def default_chunk_rows(vocab_size: int) -> int:
     return max(64, min(4096, CHUNK_ELEMENTS // max(vocab_size, 1)))
+
+
+def _chunk(log_prior, x, weight, bias, labels, ignore_index, need):
+    """One chunk, fp32: summed NLL and its gradients w.r.t. (log_prior, x, weight, bias) (None
+    where `need` is False). With `r_j = pi_j p_j(y) / sum_k pi_k p_k(y)` (responsibilities),
+    `dL/ds_jv = r_j (p_j(v) - [v = y])` and `dL/dlog pi_j = -r_j`; ignored rows have `r = 0`.
+    `r_j` scales the small factors (`x`, the products with `W`), never the `|V|`-wide rows."""
+    keep = labels != ignore_index
+    log_p = F.linear(x, weight, bias).log_softmax(-1)  # (rows, K, |V|), the chunk's |V|-sized tensor
+    gold = labels.clamp_min(0).view(-1, 1, 1).expand(*x.shape[:2], 1)
+    joint = log_prior + log_p.gather(-1, gold).squeeze(-1)  # log pi_j + log p_j(y)
+    ll = joint.logsumexp(-1)
+    nll = -torch.where(keep, ll, 0).sum()
+    if not any(need):
+        return nll, (None,) * 4
+    resp = (joint - ll.unsqueeze(-1)).exp() * keep.unsqueeze(-1)  # (rows, K)
+    delta = log_p.exp_().scatter_add_(-1, gold, log_p.new_full(gold.shape, -1.0)).flatten(0, 1)  # p_j - onehot(y)
+    r = resp.reshape(-1, 1)
+    return nll, (
+        -resp if need[0] else None,
+        (r * (delta @ weight)).view_as(x) if need[1] else None,
+        delta.T @ (r * x.flatten(0, 1)) if need[2] else None,
+        r.T.mm(delta).squeeze(0) if need[3] else None,
+    )
+
+
+def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows, need=(False,) * 4):
+    """Summed NLL (fp32 scalar) of `log_prior (n, K)`, `latents (n, K, d)`, `labels (n,)` and,
+    where `need`, its fp32 gradients w.r.t. (log_prior, latents, weight, bias), in one pass over
+    chunks of `rows` rows (peak: two `rows x K x |V|` tensors, a chunk's scores and log-probs)."""
+    weight, bias = weight.float(), None if bias is None else bias.float()
+    tensors = (log_prior, latents, weight, bias)
+    need = [flag and t is not None for flag, t in zip(need, tensors)]
+    grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) if flag else None
+             for flag, t in zip(need, tensors)]
+    total = weight.new_zeros(())
+    for start in range(0, labels.shape[0], rows):
+        chunk = lambda t: t[start : start + rows].float()
+        nll, parts = _chunk(chunk(log_prior), chunk(latents), weight, bias, labels[start : start + rows],
+                            ignore_index, need)
+        total += nll
+        for i, part in enumerate(parts):
+            if part is not None:  # per-row gradients (log_prior, latents) fill their rows; shared ones add up
+                (grads[i][start : start + rows] if i < 2 else grads[i]).add_(part)
+    return total, grads
+
+
+class FusedMixtureNLL(torch.autograd.Function):
+    """`fused_mixture_nll` under autograd: the gradients are computed in forward; backward scales
+    them in place by the upstream gradient (no second copy) and casts them to the inputs' dtypes.
+    They are used up by that backward: a second backward through the same graph raises."""
+
+    @staticmethod
+    def forward(ctx, log_prior, latents, weight, bias, labels, ignore_index, rows):
+        total, ctx.grads = fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows,
+                                             ctx.needs_input_grad[:4])
+        ctx.dtypes = [None if t is None else t.dtype for t in (log_prior, latents, weight, bias)]
+        return total
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        if ctx.grads is None:
+            raise RuntimeError("The fused mixture loss computes its gradients in forward and hands them over in "
+                               "its first backward; run the forward again instead of a second backward.")
+        grads, ctx.grads = ctx.grads, None
+        grads = [None if g is None else g.mul_(grad).to(dtype) for g, dtype in zip(grads, ctx.dtypes)]
+        return (*grads, None, None, None)
+
+
+def _naive_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index):
+    """All rows in one plain autograd computation (traced: no Python loop over sizes)."""
+    scores = F.linear(latents.float(), weight.float(), None if bias is None else bias.float()).log_softmax(-1)
+    gold = scores.gather(-1, labels.clamp_min(0).view(-1, 1, 1).expand(*latents.shape[:2], 1)).squeeze(-1)
+    return -torch.where(labels != ignore_index, torch.logsumexp(log_prior.float() + gold, -1), 0).sum()
+
+
+def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IGNORE_INDEX, chunk_rows=None):
+    """Exact `-sum_i logsumexp_j(log_prior_ij + log_softmax(latents_ij W^T + b)[y_i])`, fp32
+    scalar, over the labels `!= ignore_index` (an all-ignored batch gives 0 and zero gradients).
+
+    `log_prior (..., K)` may be any additive log-weights (`lightrnn` adds its second code's
+    log-probability), `latents (..., K, d)`, `weight (|V|, d)` (the input embeddings when tied:
+    their gradient flows as any input's), `bias (|V|,)` or None, `labels (...)`. Inputs in any
+    float dtype (computed in fp32, gradients returned in the inputs' dtypes). Eager: the fused
+    `FusedMixtureNLL` over chunks of `chunk_rows` rows (default: half of `default_chunk_rows /
+    K`, as a chunk's scores and their log-softmax briefly coexist);
+    traced (torch.export, torch.compile): one plain computation over all rows."""
+    K, d = latents.shape[-2:]
+    log_prior, latents, labels = log_prior.reshape(-1, K), latents.reshape(-1, K, d), labels.reshape(-1)
+    if is_traced():
+        return _naive_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index)
+    keep = labels != ignore_index
+    if not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
+        log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]
+    rows = chunk_rows or max(1, default_chunk_rows(weight.shape[0]) // (2 * K))  # 2 tensors of K x rows x |V|
+    tensors = (log_prior, latents, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return FusedMixtureNLL.apply(*tensors, labels, ignore_index, rows)
+    return fused_mixture_nll(*tensors, labels, ignore_index, rows)[0]
 
 
 def _naive(input, weight, target, bias, ignore_index):
@@ -32,8 +145,8 @@ def _naive(input, weight, target, bias, ignore_index):
 
 
 def _chunked(input, weight, target, bias, ignore_index, rows):
-    """Rows in chunks; under autograd each chunk is checkpointed, so its logits are
-    recomputed in backward instead of kept: peak memory is one chunk's `rows x |V|`."""
+    """Per-row NLL in row chunks; under autograd each chunk is checkpointed (its logits are
+    recomputed in backward, which a per-row upstream gradient needs): peak one chunk's `rows x |V|`."""
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias))
     pieces = []
     for start in range(0, input.shape[0], rows):
@@ -51,38 +164,46 @@ def linear_cross_entropy(
     ignore_index: int = IGNORE_INDEX,
     chunk_rows: int | None = None,
     impl: str = "auto",
+    reduction: str = "none",
 ) -> torch.Tensor:
-    """Per-row `-log_softmax(input @ weight.T + bias)[target]`, shape `target.shape`, in fp32;
-    0 (and no gradient) where `target == ignore_index`.
+    """Per-row `-log_softmax(input @ weight.T + bias)[target]`, shape `target.shape`, in fp32,
+    0 (and no gradient) where `target == ignore_index`; `reduction="sum"`: their sum, with the
+    gradient computed in the forward pass (nothing recomputed in backward).
 
     `input` is `(..., d)`, `weight` `(|V|, d)`, `bias` `(|V|,)`. Computed in fp32 whatever the
     parameters' dtype (low-precision inputs are upcast). `impl`:
       - "auto": "torch" when the installed torch has it, else "chunked";
-      - "torch": `F.linear_cross_entropy(..., reduction="none", options=LinearCrossEntropyOptions(
-        batch_chunk_size=chunk_rows))`, which recomputes each chunk's logits in backward;
-      - "chunked": the same with plain autograd (`torch.utils.checkpoint` per row chunk);
+      - "torch": `F.linear_cross_entropy(..., options=LinearCrossEntropyOptions(batch_chunk_size=
+        chunk_rows))`, which recomputes each chunk's logits in backward for "none" only;
+      - "chunked": for "none", plain autograd with `torch.utils.checkpoint` per row chunk; for
+        "sum", `mixture_nll_sum` with one component;
       - "naive": full logits (reference for tests).
     `chunk_rows` defaults to `default_chunk_rows(|V|)` (about 128 MB of logits per chunk).
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"impl={impl!r} is not one of {list(IMPLEMENTATIONS)}.")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is not one of {list(REDUCTIONS)}.")
     shape = target.shape
-    input, target = input.reshape(-1, input.shape[-1]).float(), target.reshape(-1)
-    weight, bias = weight.float(), (bias.float() if bias is not None else None)
+    input, target = input.reshape(-1, input.shape[-1]), target.reshape(-1)
     if input.shape[0] != target.shape[0]:
         raise ValueError(f"{input.shape[0]} input rows but {target.shape[0]} targets.")
-    if input.shape[0] == 0:
-        return input.sum(-1).reshape(shape)  # empty, still attached to the graph
     rows = chunk_rows or default_chunk_rows(weight.shape[0])
     if impl == "auto":
         impl = "torch" if has_torch_linear_cross_entropy() else "chunked"
+    if impl == "chunked" and reduction == "sum":
+        zeros = input.new_zeros(input.shape[0], 1, dtype=torch.float32)
+        return mixture_nll_sum(zeros, input.unsqueeze(1), weight, bias, target, ignore_index=ignore_index,
+                               chunk_rows=chunk_rows)
+    input, weight, bias = input.float(), weight.float(), (bias.float() if bias is not None else None)
+    if input.shape[0] == 0:
+        return input.sum() if reduction == "sum" else input.sum(-1).reshape(shape)  # still attached to the graph
     if impl == "naive":
         nll = _naive(input, weight, target, bias, ignore_index)
     elif impl == "chunked":
         nll = _chunked(input, weight, target, bias, ignore_index, rows)
     else:
         options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=rows, chunking_method=None)
-        nll = F.linear_cross_entropy(
-            input, weight, target, linear_bias=bias, reduction="none", ignore_index=ignore_index, options=options
-        )
-    return nll.reshape(shape)
+        nll = F.linear_cross_entropy(input, weight, target, linear_bias=bias, reduction=reduction,
+                                     ignore_index=ignore_index, options=options)
+    return nll.sum() if reduction == "sum" else nll.reshape(shape)

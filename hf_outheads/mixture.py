@@ -6,8 +6,8 @@ parameters (same names), same computation.
 Numerics: mixed in log space in fp32,
 `log p(y) = logsumexp_j(log pi_j + log_softmax(s_j)[y])`, and `logits` holds these normalised
 log-probabilities. The reference codes mix probabilities and take `log(p + 1e-8)`; we do not.
-The training loss never builds `N x J x |V|`: it is `-logsumexp_j(log pi_j - nll_j)` with
-`nll_j` from `losses.linear_cross_entropy` over the `J * N` latent rows.
+The training loss never builds `N x J x |V|`: `losses.mixture_nll_sum` computes it and its
+gradient in one pass over row chunks (nothing recomputed in backward).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
-from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits
-from .losses import linear_cross_entropy
+from .head_interface import HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits
+from .losses import is_traced, mixture_nll_sum
 from .options import HeadDims, HeadOptions, choice, flag, integer, probability
 
 ACTIVATIONS = ("tanh", "identity")
@@ -141,12 +141,6 @@ def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, b
     return torch.logsumexp(scores + log_prior.unsqueeze(-1), dim=-2)
 
 
-def is_traced() -> bool:
-    """Inside `torch.export` / `torch.compile` tracing, where a Python loop over a tensor size
-    would freeze that size into the graph."""
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
-
-
 def over_row_chunks(fn, row_args, other_args, rows: int, grad: bool, width: int) -> torch.Tensor:
     """`fn(*row_args, *other_args)` -> `(n, width)`, over chunks of `rows` rows of `row_args`
     (None passes through), checkpointed under autograd, so at most one chunk's intermediates
@@ -172,17 +166,6 @@ def mixture_log_probs(log_prior, latents, weight, bias) -> torch.Tensor:
     rows = max(1, MIX_CHUNK_ELEMENTS // (J * V))
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (log_prior, latents, weight, bias))
     return over_row_chunks(_mix, (log_prior, latents), (weight, bias), rows, grad, V).reshape(*lead, V)  # (..., 0, V) if empty
-
-
-def mixture_nll(log_prior, latents, weight, bias, labels) -> torch.Tensor:
-    """Exact per-position NLL `-logsumexp_j(log pi_j - nll_j)` of the non-ignored labels (1-D,
-    one entry per label != -100), without the `N x J x |V|` tensor."""
-    J, d = latents.shape[-2:]
-    labels = labels.reshape(-1)
-    keep = labels != IGNORE_INDEX
-    log_prior, latents, labels = log_prior.reshape(-1, J)[keep], latents.reshape(-1, J, d)[keep], labels[keep]
-    nll = linear_cross_entropy(latents.reshape(-1, d), weight, labels.repeat_interleave(J), bias).view(-1, J)
-    return -torch.logsumexp(log_prior.float() - nll, dim=-1)
 
 
 class MixtureHead(PriorAndLatents, OutputHead):
@@ -228,7 +211,7 @@ class MixtureHead(PriorAndLatents, OutputHead):
             logits = mixture_log_probs(log_prior, latents, weight, self.bias)
             nll = nll_sum_from_logits(logits, labels) if labels is not None else None
             return HeadOutput(logits=logits, nll_sum=nll, aux_loss=aux)
-        nll = mixture_nll(log_prior, latents, weight, self.bias, labels).sum()
+        nll = mixture_nll_sum(log_prior, latents, weight, self.bias, labels)
         return HeadOutput(logits=None, nll_sum=nll, aux_loss=aux)
 
     @torch.no_grad()

@@ -6,7 +6,8 @@ What they share, for speed and memory:
   - the label matrix is computed once per forward pass, and once per `generate` call (the
     model enters `head.generation_scope()`), never kept across calls;
   - `training_loss="chunked"` (or the model argument `return_logits=False`): the exact loss
-    from a chunked linear cross-entropy, never holding `N x |V|` logits; no logits returned;
+    from a chunked linear cross-entropy whose gradient is computed in its forward pass, never
+    holding `N x |V|` logits; no logits returned;
   - `training_loss="sampled"`: the joint-embedding paper's sampled softmax in training
     (`sampled_softmax.py`), full softmax for evaluation and generation.
 """
@@ -108,4 +109,4 @@ class SoftmaxHead(OutputHead):
             return HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels) if labels is not None else None)
         if mode == "sampled":
             return HeadOutput(nll_sum=self._sampled_nll(context, weight, labels))
-        return HeadOutput(nll_sum=linear_cross_entropy(context, weight, labels, self.bias).sum())
+        return HeadOutput(nll_sum=linear_cross_entropy(context, weight, labels, self.bias, reduction="sum"))
