@@ -7,7 +7,8 @@ Numerics: mixed in log space in fp32,
 `log p(y) = logsumexp_j(log pi_j + log_softmax(s_j)[y])`, and `logits` holds these normalised
 log-probabilities. The reference codes mix probabilities and take `log(p + 1e-8)`; we do not.
 The training loss never builds `N x J x |V|`: `losses.mixture_nll_sum` computes it and its
-gradient in one pass over row chunks (nothing recomputed in backward).
+gradient in one pass over row chunks (nothing recomputed in backward). Generation's few rows
+are one batched matmul over the J latents (`mixture_log_probs`).
 """
 
 from __future__ import annotations
@@ -144,22 +145,25 @@ def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, b
 def over_row_chunks(fn, row_args, other_args, rows: int, grad: bool, width: int) -> torch.Tensor:
     """`fn(*row_args, *other_args)` -> `(n, width)`, over chunks of `rows` rows of `row_args`
     (None passes through), checkpointed under autograd, so at most one chunk's intermediates
-    exist at a time. Traced (torch.export, torch.compile): one call over all rows, so the
-    graph holds for every batch and sequence size."""
+    exist at a time; at most `rows` rows: one call, no loop. Traced (torch.export,
+    torch.compile): one call over all rows, so the graph holds for every batch and sequence size."""
     if is_traced():
         return fn(*row_args, *other_args)
     n = next(t for t in row_args if t is not None).shape[0]
+    if 0 < n <= rows:
+        return fn(*row_args, *other_args)
     pieces = []
     for start in range(0, n, rows):
         args = [t if t is None else t[start : start + rows] for t in row_args] + list(other_args)
-        pieces.append(checkpoint(fn, *args, use_reentrant=False) if grad and n > rows else fn(*args))
+        pieces.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
     return torch.cat(pieces) if pieces else other_args[0].new_zeros(0, width, dtype=torch.float32)
 
 
 def mixture_log_probs(log_prior, latents, weight, bias) -> torch.Tensor:
     """Full `log p(.|h)`, `(..., |V|)` fp32, from `log_prior (..., J)` and `latents (..., J, d)`.
-    Rows are processed in chunks (`over_row_chunks`: checkpointed under autograd, one call when
-    exported), so at most one chunk of `rows x J x |V|` scores exists at a time."""
+    Up to `MIX_CHUNK_ELEMENTS` of `rows x J x |V|` scores (generation's last positions): one
+    batched matmul over the J latents. More rows: chunks (`over_row_chunks`: checkpointed
+    under autograd, one call when traced), so at most one chunk of scores exists at a time."""
     lead, (J, d), V = log_prior.shape[:-1], latents.shape[-2:], weight.shape[0]
     log_prior, latents = log_prior.reshape(-1, J).float(), latents.reshape(-1, J, d).float()
     weight, bias = weight.float(), bias.float()

@@ -1,14 +1,15 @@
 """The fused exact losses (`losses.mixture_nll_sum`, `linear_cross_entropy(reduction="sum")`)
 equal the naive `-log sum_j pi_j softmax_j(y)` loss, values and gradients, in fp32, bf16 and
 fp16, with ignored labels and all-ignored batches; backward recomputes nothing; the heads'
-lean losses have the gradients of their full log-probabilities."""
+lean losses have the gradients of their full log-probabilities; mixture generation's one-call
+log-probabilities equal the chunked ones."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_outheads import losses
+from hf_outheads import losses, mixture
 from hf_outheads.head_interface import HeadInputs
 from test_head_lightrnn import head as lightrnn_head
 from test_head_lightrnn import inputs as lightrnn_inputs
@@ -163,3 +164,20 @@ def test_lightrnn_gold_code_loss_has_the_gradients_of_the_full_log_probs(options
         assert (g_gold is None) == (g_full is None)
         if g_gold is not None:
             torch.testing.assert_close(g_gold, g_full, rtol=1e-4, atol=1e-5)
+
+
+def test_mos_generation_is_one_call_per_step_and_equals_the_chunked_log_probs(monkeypatch):
+    model = tiny_model("llama", "mos", {"num_components": 3})
+    calls, mix = [], mixture._mix
+    monkeypatch.setattr(mixture, "_mix", lambda *args: calls.append(args[1].shape[0]) or mix(*args))
+    prompt = batch("llama")["input_ids"][:, :4]
+    out = model.generate(prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True)
+    assert calls == [2, 2, 2]  # one batched call over the 2 rows' K latents per step
+    calls.clear()
+    monkeypatch.setattr(mixture, "MIX_CHUNK_ELEMENTS", 3 * 99)  # one row per chunk
+    with torch.no_grad():
+        full = model(input_ids=out.sequences[:, :-1]).logits
+    assert calls == [1] * full.shape[0] * full.shape[1]
+    for step, logits in enumerate(out.logits):  # before logits processors
+        torch.testing.assert_close(logits, full[:, prompt.shape[1] - 1 + step], rtol=1e-5, atol=1e-5)
