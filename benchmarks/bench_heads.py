@@ -8,9 +8,14 @@ figures are medians over `--reps` repetitions, measured side by side in one run.
     python benchmarks/bench_heads.py --vocab 32000,50257,128000 --positions 1024,4096
 
 Columns: `step` = one AdamW training step (forward with labels, backward, update);
+`vs floor` = step over its floor `backbone + K x (tied - backbone)`, the backbone's step plus
+K times tied's head (K = the mixture's component count, 1 for single-softmax heads);
 `step mem` = peak RSS during the step above the RSS before it (large allocations are
 forced to mmap so freed memory leaves RSS); `peak RSS` = the process's absolute peak;
 `gen tok/s` = greedy generation with KV cache, batch 1.
+
+Timings mean nothing on a busy machine: the script refuses to start when the 1-minute load
+average is above 0.5, unless `--allow-busy` is given (then the table says so).
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ import time
 
 HEAD_OPTIONS = {  # the settings the performance targets name (README.md, Performance)
     "tied": {},
-    "backbone": {},
-    "tied-chunked": {"training_loss": "chunked"},  # the exact loss without N x |V| logits  # the backbone alone (loss on its hidden states): the part of a step no head changes
+    "backbone": {},  # the backbone alone (loss on its hidden states): the part of a step no head changes
+    "tied-chunked": {"training_loss": "chunked"},  # the exact loss without N x |V| logits
     "linear": {},
     "bilinear": {},
     "joint": {},  # joint_dim = d_h
@@ -40,11 +45,13 @@ HEAD_OPTIONS = {  # the settings the performance targets name (README.md, Perfor
     "lightrnn-k15": {"num_components": 15},  # vs mos (K = 15)
 }
 SEQ_LEN = 512
+MAX_LOAD = 0.5  # 1-minute load average above which timings are not trusted
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--heads", default=",".join(HEAD_OPTIONS), help="comma-separated heads (tied is always run)")
+    parser.add_argument("--heads", default=",".join(HEAD_OPTIONS),
+                        help="comma-separated heads (tied and backbone, the ratios' bases, are always run)")
     parser.add_argument("--vocab", default="32000", help="comma-separated vocabulary sizes")
     parser.add_argument("--positions", default="1024", help="comma-separated N = batch x sequence positions")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per case (median reported)")
@@ -53,6 +60,8 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=2, help="torch threads in each worker")
     parser.add_argument("--no-warmup", action="store_true",
                         help="time the first step too (a quick fits-in-memory check: peak RSS then includes optimizer state)")
+    parser.add_argument("--allow-busy", action="store_true",
+                        help=f"run even when the 1-minute load average is above {MAX_LOAD} (timings unreliable)")
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # JSON case, internal
     return parser.parse_args(argv)
@@ -137,39 +146,53 @@ def measure(case: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def table_rows(vocab: int, positions: int, results: dict[str, dict]) -> list[str]:
-    base = results["tied"]
-    rows = []
-    for head, r in results.items():
-        if "error" in r:
-            rows.append(f"| {vocab} | {positions} | {head} | error: {r['error']} | | | | | | |")
-            continue
-        gen = (f"{r['gen_tok_s']:.1f} | {r['gen_tok_s'] / base['gen_tok_s']:.2f}x" if "gen_tok_s" in r else "- | -")
-        rows.append(
-            f"| {vocab} | {positions} | {head} | {r['step_s']:.3f} | {r['step_s'] / base['step_s']:.2f}x | "
-            f"{r['step_mb']:.0f} | {r['step_mb'] / max(base['step_mb'], 1):.2f}x | {r['peak_mb']:.0f} | {gen} |"
-        )
-    return rows
-
-
 def components(head: str) -> int:
     options = HEAD_OPTIONS.get(head) or {}
     return options.get("num_components") or sum(count for _, count in options.get("components", [])) or 1
 
 
-def floor_notes(results: dict[str, dict]) -> list[str]:
-    """Mixture step time against its floor: the backbone plus K times tied's head."""
-    if "step_s" not in results.get("backbone", {}) or "step_s" not in results["tied"]:
-        return []
-    backbone, head = results["backbone"]["step_s"], results["tied"]["step_s"] - results["backbone"]["step_s"]
-    notes = []
-    for name, r in results.items():
-        k = components(name)
-        if k > 1 and "step_s" in r:
-            floor = backbone + k * head
-            notes.append(f"<!-- floor --> {name}: K = {k}, floor = backbone + K x tied head = {floor:.2f} s, "
-                         f"step = {r['step_s'] / floor:.2f}x the floor")
-    return notes
+def floor_ratio(head: str, r: dict, results: dict[str, dict]) -> str:
+    """Step over `backbone + K x (tied - backbone)`; "-" for the backbone or without its step."""
+    backbone, tied = results.get("backbone", {}).get("step_s"), results["tied"].get("step_s")
+    if head == "backbone" or backbone is None or tied is None:
+        return "-"
+    return f"{r['step_s'] / (backbone + components(head) * (tied - backbone)):.2f}x"
+
+
+def table_rows(vocab: int, positions: int, results: dict[str, dict]) -> list[str]:
+    base = results["tied"]
+    rows = []
+    for head, r in results.items():
+        if "error" in r:
+            rows.append(f"| {vocab} | {positions} | {head} | error: {r['error']} | | | | | | | |")
+            continue
+        gen = (f"{r['gen_tok_s']:.1f} | {r['gen_tok_s'] / base['gen_tok_s']:.2f}x" if "gen_tok_s" in r else "- | -")
+        rows.append(
+            f"| {vocab} | {positions} | {head} | {r['step_s']:.3f} | {r['step_s'] / base['step_s']:.2f}x | "
+            f"{floor_ratio(head, r, results)} | {r['step_mb']:.0f} | {r['step_mb'] / max(base['step_mb'], 1):.2f}x | "
+            f"{r['peak_mb']:.0f} | {gen} |"
+        )
+    return rows
+
+
+def reference_notes(results: dict[str, dict]) -> list[str]:
+    """Each head's step against its reference-style implementation (`mos` vs `mos-reference`)."""
+    return [f"<!-- {head} step = {results[head]['step_s'] / r['step_s']:.2f}x {head}-reference -->"
+            for name, r in results.items() if name.endswith("-reference") and "step_s" in r
+            for head in [name.removesuffix("-reference")] if "step_s" in results.get(head, {})]
+
+
+def check_load(allow_busy: bool) -> float:
+    """The 1-minute load average; above `MAX_LOAD` a loud warning, and exit unless `allow_busy`."""
+    load = os.getloadavg()[0]
+    if load > MAX_LOAD:
+        bar = "!" * 78
+        print(f"{bar}\nWARNING: 1-minute load average {load:.2f} > {MAX_LOAD}: this machine is busy and the "
+              f"timings would\nnot be comparable. Run on an idle machine, or pass --allow-busy to run anyway.\n{bar}",
+              file=sys.stderr, flush=True)
+        if not allow_busy:
+            sys.exit(2)
+    return load
 
 
 def main(argv=None):
@@ -177,10 +200,15 @@ def main(argv=None):
     if args.worker:
         print(json.dumps(run_case(json.loads(args.worker))))
         return
-    heads = ["tied"] + [h for h in args.heads.split(",") if h and h != "tied"]
+    load = check_load(args.allow_busy)
+    heads = ["tied", "backbone"] + [h for h in args.heads.split(",") if h and h not in ("tied", "backbone")]
     lines = [
-        "| V | N | head | step s | step vs tied | step mem MB | mem vs tied | peak RSS MB | gen tok/s | gen vs tied |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"<!-- python benchmarks/bench_heads.py {' '.join(sys.argv[1:] if argv is None else argv)}; "
+        f"1-minute load average at start {load:.2f}"
+        f"{' (BUSY: timings unreliable)' if load > MAX_LOAD else ''} -->",
+        "| V | N | head | step s | step vs tied | vs floor | step mem MB | mem vs tied | peak RSS MB | gen tok/s "
+        "| gen vs tied |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     print("\n".join(lines), flush=True)
     for vocab in map(int, args.vocab.split(",")):
@@ -191,7 +219,7 @@ def main(argv=None):
                             warmup=not args.no_warmup,
                             gen_tokens=0 if args.no_generate else args.gen_tokens)
                 results[head] = measure(case)
-            rows = table_rows(vocab, positions, results) + floor_notes(results)
+            rows = table_rows(vocab, positions, results) + reference_notes(results)
             print("\n".join(rows), flush=True)
             lines += rows
     if args.out:
