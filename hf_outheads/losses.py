@@ -2,7 +2,7 @@
 their gradient) for all rows at once:
 
   - `mixture_nll_sum`: the summed NLL of a mixture of such softmaxes (MoS, Yang et al. 2018,
-    Eq. 4), `-sum_i logsumexp_j(log pi_ij + log softmax(W k_ij + b)[y_i])`. Its gradient is
+    Sec. 3.3), `-sum_i logsumexp_j(log pi_ij + log softmax(W k_ij + b)[y_i])`. Its gradient is
     computed in the forward pass, chunk by chunk over rows, as fused linear-cross-entropy
     kernels do for one softmax: the 3 matrix products of a layer's step per chunk (scores, dk,
     dW; plus db, a matrix-vector product), none in backward;
@@ -108,13 +108,6 @@ class FusedMixtureNLL(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def _naive_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index):
-    """All rows in one plain autograd computation (traced: no Python loop over sizes)."""
-    scores = F.linear(latents.float(), weight.float(), None if bias is None else bias.float()).log_softmax(-1)
-    gold = scores.gather(-1, labels.clamp_min(0).view(-1, 1, 1).expand(*latents.shape[:2], 1)).squeeze(-1)
-    return -torch.where(labels != ignore_index, torch.logsumexp(log_prior.float() + gold, -1), 0).sum()
-
-
 def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IGNORE_INDEX, chunk_rows=None):
     """Exact `-sum_i logsumexp_j(log_prior_ij + log_softmax(latents_ij W^T + b)[y_i])`, fp32
     scalar, over the labels `!= ignore_index` (an all-ignored batch gives 0 and zero gradients).
@@ -128,8 +121,9 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
     traced (torch.export, torch.compile): one plain computation over all rows."""
     K, d = latents.shape[-2:]
     log_prior, latents, labels = log_prior.reshape(-1, K), latents.reshape(-1, K, d), labels.reshape(-1)
-    if is_traced():
-        return _naive_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index)
+    if is_traced():  # all rows at once, plain autograd
+        bias = None if bias is None else bias.float()
+        return _chunk(log_prior.float(), latents.float(), weight.float(), bias, labels, ignore_index, [False] * 4)[0]
     keep = labels != ignore_index
     if not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
         log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]

@@ -121,6 +121,19 @@ def test_backward_recomputes_nothing(monkeypatch):
         loss.backward()
 
 
+def test_traced_loss_is_one_plain_autograd_computation(monkeypatch):
+    """Under torch.export / torch.compile no Python loop over rows (sizes stay symbolic)."""
+    calls, chunk = [], losses._chunk
+    monkeypatch.setattr(losses, "_chunk", lambda *args: calls.append(1) or chunk(*args))
+    monkeypatch.setattr(losses, "is_traced", lambda: True)
+    params, labels = mixture_problem()
+    got, want = fused_loss(*params, labels, chunk_rows=4), naive_loss(*params, labels)
+    assert len(calls) == 1 and "FusedMixtureNLL" not in type(got.grad_fn).__name__
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g_got, g_want in zip(grads(got, params), grads(want, params)):
+        torch.testing.assert_close(g_got, g_want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_summed_linear_cross_entropy_equals_naive(impl):
     x, weight, bias, target = problem()
