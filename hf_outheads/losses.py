@@ -21,6 +21,10 @@ from .head_interface import IGNORE_INDEX
 
 # Logits elements per chunk (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
 CHUNK_ELEMENTS = 2**25
+# The fused loss: latent rows (positions x K) per chunk, at most 512 and 8M scores (32 MB fp32;
+# a chunk's scores and log-probs coexist briefly). Measured at |V| = 32K: products of 255 latent
+# rows are as fast as of 510, and small chunks keep the loss's peak below the head's activations.
+FUSED_CHUNK_LATENTS, FUSED_CHUNK_ELEMENTS = 512, 2**23
 IMPLEMENTATIONS = ("auto", "torch", "chunked", "naive")
 REDUCTIONS = ("none", "sum")
 
@@ -40,48 +44,49 @@ def default_chunk_rows(vocab_size: int) -> int:
     return max(64, min(4096, CHUNK_ELEMENTS // max(vocab_size, 1)))
 
 
-def _chunk(log_prior, x, weight, bias, labels, ignore_index, need):
-    """One chunk, fp32: summed NLL and its gradients w.r.t. (log_prior, x, weight, bias) (None
-    where `need` is False). With `r_j = pi_j p_j(y) / sum_k pi_k p_k(y)` (responsibilities),
-    `dL/ds_jv = r_j (p_j(v) - [v = y])` and `dL/dlog pi_j = -r_j`; ignored rows have `r = 0`.
-    `r_j` scales the small factors (`x`, the products with `W`), never the `|V|`-wide rows."""
+def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4):
+    """One chunk, fp32: summed NLL; adds its gradients w.r.t. (log_prior, x, weight, bias) into
+    `grads` (the chunk's rows of the first two, None: not needed), in place. With
+    `r_j = pi_j p_j(y) / sum_k pi_k p_k(y)` (responsibilities), `dL/ds_jv = r_j (p_j(v) - [v = y])`
+    and `dL/dlog pi_j = -r_j`; ignored rows have `r = 0`. `r_j` scales the small factors (`x`,
+    the products with `W`), never the `|V|`-wide rows."""
     keep = labels != ignore_index
     log_p = F.linear(x, weight, bias).log_softmax(-1)  # (rows, K, |V|), the chunk's |V|-sized tensor
     gold = labels.clamp_min(0).view(-1, 1, 1).expand(*x.shape[:2], 1)
     joint = log_prior + log_p.gather(-1, gold).squeeze(-1)  # log pi_j + log p_j(y)
     ll = joint.logsumexp(-1)
     nll = -torch.where(keep, ll, 0).sum()
-    if not any(need):
-        return nll, (None,) * 4
+    if all(g is None for g in grads):
+        return nll
+    g_prior, g_x, g_weight, g_bias = grads
     resp = (joint - ll.unsqueeze(-1)).exp() * keep.unsqueeze(-1)  # (rows, K)
     delta = log_p.exp_().scatter_add_(-1, gold, log_p.new_full(gold.shape, -1.0)).flatten(0, 1)  # p_j - onehot(y)
     r = resp.reshape(-1, 1)
-    return nll, (
-        -resp if need[0] else None,
-        (r * (delta @ weight)).view_as(x) if need[1] else None,
-        delta.T @ (r * x.flatten(0, 1)) if need[2] else None,
-        r.T.mm(delta).squeeze(0) if need[3] else None,
-    )
+    if g_prior is not None:
+        g_prior.sub_(resp)
+    if g_x is not None:
+        torch.mm(delta, weight, out=g_x.view(-1, x.shape[-1])).mul_(r)
+    if g_weight is not None:
+        g_weight.addmm_(delta.T, r * x.flatten(0, 1))
+    if g_bias is not None:
+        g_bias.addmv_(delta.T, resp.flatten())
+    return nll
 
 
 def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows, need=(False,) * 4):
     """Summed NLL (fp32 scalar) of `log_prior (n, K)`, `latents (n, K, d)`, `labels (n,)` and,
     where `need`, its fp32 gradients w.r.t. (log_prior, latents, weight, bias), in one pass over
-    chunks of `rows` rows (peak: two `rows x K x |V|` tensors, a chunk's scores and log-probs)."""
+    chunks of `rows` rows (peak: two `rows x K x |V|` tensors, a chunk's scores and log-probs,
+    besides the gradients)."""
     weight, bias = weight.float(), None if bias is None else bias.float()
     tensors = (log_prior, latents, weight, bias)
-    need = [flag and t is not None for flag, t in zip(need, tensors)]
-    grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) if flag else None
+    grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) if flag and t is not None else None
              for flag, t in zip(need, tensors)]
     total = weight.new_zeros(())
     for start in range(0, labels.shape[0], rows):
-        chunk = lambda t: t[start : start + rows].float()
-        nll, parts = _chunk(chunk(log_prior), chunk(latents), weight, bias, labels[start : start + rows],
-                            ignore_index, need)
-        total += nll
-        for i, part in enumerate(parts):
-            if part is not None:  # per-row gradients (log_prior, latents) fill their rows; shared ones add up
-                (grads[i][start : start + rows] if i < 2 else grads[i]).add_(part)
+        part = lambda t: t if t is None else t[start : start + rows]
+        total += _chunk(part(log_prior).float(), part(latents).float(), weight, bias, part(labels), ignore_index,
+                        [part(g) for g in grads[:2]] + grads[2:])
     return total, grads
 
 
@@ -116,18 +121,18 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
     log-probability), `latents (..., K, d)`, `weight (|V|, d)` (the input embeddings when tied:
     their gradient flows as any input's), `bias (|V|,)` or None, `labels (...)`. Inputs in any
     float dtype (computed in fp32, gradients returned in the inputs' dtypes). Eager: the fused
-    `FusedMixtureNLL` over chunks of `chunk_rows` rows (default: half of `default_chunk_rows /
-    K`, as a chunk's scores and their log-softmax briefly coexist);
+    `FusedMixtureNLL` over chunks of `chunk_rows` rows (default: `FUSED_CHUNK_LATENTS` latent
+    rows and `FUSED_CHUNK_ELEMENTS` scores at most);
     traced (torch.export, torch.compile): one plain computation over all rows."""
     K, d = latents.shape[-2:]
     log_prior, latents, labels = log_prior.reshape(-1, K), latents.reshape(-1, K, d), labels.reshape(-1)
     if is_traced():  # all rows at once, plain autograd
         bias = None if bias is None else bias.float()
-        return _chunk(log_prior.float(), latents.float(), weight.float(), bias, labels, ignore_index, [False] * 4)[0]
+        return _chunk(log_prior.float(), latents.float(), weight.float(), bias, labels, ignore_index)
     keep = labels != ignore_index
     if not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
         log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]
-    rows = chunk_rows or max(1, default_chunk_rows(weight.shape[0]) // (2 * K))  # 2 tensors of K x rows x |V|
+    rows = chunk_rows or max(1, min(FUSED_CHUNK_LATENTS, FUSED_CHUNK_ELEMENTS // weight.shape[0]) // K)
     tensors = (log_prior, latents, weight, bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return FusedMixtureNLL.apply(*tensors, labels, ignore_index, rows)

@@ -16,7 +16,7 @@ from test_head_lightrnn import inputs as lightrnn_inputs
 from test_losses import IMPLS, problem
 from tiny import batch, tiny_model
 
-PRODUCTS = {"mm", "addmm", "bmm", "matmul", "linear", "baddbmm"}
+PRODUCTS = {"mm", "addmm", "addmm_", "addmv", "addmv_", "mv", "bmm", "baddbmm", "matmul", "linear"}
 
 
 def mixture_problem(n=29, K=4, d=6, vocab=23, dtype=torch.float32, bias=True, seed=0):
