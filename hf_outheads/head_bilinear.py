@@ -6,6 +6,9 @@ Option `init` (from scratch): "identity" (default) starts `W_l` at `I` (`tied`'s
 a `d x d_h` semi-identity when d != d_h); "uniform" is the DRILL
 reference init, uniform(-0.1, 0.1), which starts from a random projection of `h` (departure:
 measured worse on transformer backbones, see training/results).
+Option `map_scale`: `W_l` is stored as `I + map_scale * A` (`scaled_map.py`), so it learns
+`map_scale` times slower than the backbone under Adam (default 0.01, measured; departure:
+the paper's plain `W_l` is `map_scale: 1` with `init: uniform`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadDims, choice
+from .options import HeadDims, choice, number
+from .scaled_map import ScaledMap
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 INITS = ("identity", "uniform")
@@ -25,11 +29,13 @@ INITS = ("identity", "uniform")
 
 @dataclass
 class BilinearOptions(SoftmaxOptions):
-    """init: "identity" (`W_l = I`: starts as `tied`) or "uniform" (DRILL reference)."""
+    """init: "identity" (`W_l = I`: starts as `tied`) or "uniform" (DRILL reference);
+    map_scale: how far a step of the stored parameter moves `W_l` (1: the plain form)."""
 
     head_type: ClassVar[str] = "bilinear"
 
     init: str = choice("identity", INITS)
+    map_scale: float = number(0.01, 0.0, 1.0, open_low=True)
 
 
 class BilinearHead(SoftmaxHead):
@@ -38,21 +44,19 @@ class BilinearHead(SoftmaxHead):
 
     def __init__(self, options: BilinearOptions, dims: HeadDims):
         super().__init__(options, dims)
-        self.proj = nn.Linear(dims.hidden_dim, dims.embed_dim, bias=False)  # W_l
+        identity = self.options.init == "identity"
+        self.map = ScaledMap(dims.hidden_dim, dims.embed_dim, False, self.options.map_scale, float(identity))  # W_l
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 
     def reset_parameters(self) -> None:
-        if self.options.init == "identity":
-            init.copy_(self.proj.weight, torch.eye(*self.proj.weight.shape))
-        else:
-            init.uniform_(self.proj.weight, -0.1, 0.1)  # DRILL reference init
+        self.map.reset(uniform=0.0 if self.options.init == "identity" else 0.1)  # DRILL reference init
         init.zeros_(self.bias)
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings
 
     def context(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden)
+        return self.map(hidden)
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """`W_l = I` reproduces a tied original exactly. For an untied original (or d != d_h)
@@ -60,8 +64,8 @@ class BilinearHead(SoftmaxHead):
         with torch.no_grad():
             self.bias.copy_(bias)
             if weight.shape == embeddings.shape and torch.equal(weight, embeddings):
-                self.proj.weight.copy_(torch.eye(self.dims.embed_dim, dtype=weight.dtype))
+                self.map.set_effective_weight(torch.eye(self.dims.embed_dim, dtype=weight.dtype))
                 return True
             fit = torch.linalg.lstsq(embeddings.float(), weight.float()).solution  # d x d_h
-            self.proj.weight.copy_(fit)
+            self.map.set_effective_weight(fit)
         return False

@@ -23,6 +23,10 @@ Departures from paper / reference code (idiap/joint-embedding-nmt):
   uniform(-0.1, 0.1), `init="uniform"`) trained to a much worse model, and tanh started at the
   identity stalled near the unigram distribution: tanh bounds `g_in(h)`, which replaces the
   backbone's unbounded final-norm state. Output bias zero.
+  `map_scale` (default 0.01, measured): U and V are stored as `base I + map_scale A`
+  (`scaled_map.py`), so they learn `map_scale` times slower than the backbone under Adam;
+  learned at the backbone's rate they made the head worse than `tied`. The paper's plain
+  parameters are `map_scale: 1`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadDims, choice, integer
+from .options import HeadDims, choice, integer, number
+from .scaled_map import ScaledMap
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "identity": lambda x: x}
@@ -48,7 +53,8 @@ class JointOptions(SoftmaxOptions):
     """joint_dim: d_j (None: `d_h` for "both"/"output", `d` for "context"/"bilinear"; filled
     in by `resolve`, so a saved config states it); activation: identity (default, measured)
     / tanh (paper) / sigmoid / relu; form: both / output / context / bilinear (Table 3);
-    init: identity (default, starts as `tied`) / uniform (reference code)."""
+    init: identity (default, starts as `tied`) / uniform (reference code); map_scale: how far a
+    step of the stored parameters moves U and V (1: the plain form)."""
 
     head_type: ClassVar[str] = "joint"
 
@@ -56,6 +62,7 @@ class JointOptions(SoftmaxOptions):
     activation: str = choice("identity", ACTIVATIONS)
     form: str = choice("both", FORMS)
     init: str = choice("identity", INITS)
+    map_scale: float = number(0.01, 0.0, 1.0, open_low=True)
 
     def complete(self, dims: HeadDims) -> None:
         d, d_h = ("d", dims.embed_dim), ("d_h", dims.hidden_dim)
@@ -76,10 +83,13 @@ class JointHead(SoftmaxHead):
         super().__init__(options, dims)
         options = self.options  # resolved: joint_dim is set
         d_j, form = options.joint_dim, options.form
-        self.out_proj = nn.Linear(dims.embed_dim, d_j) if form in ("both", "output") else None  # U, b_u
-        self.in_proj = (
-            nn.Linear(dims.hidden_dim, d_j, bias=form != "bilinear") if form != "output" else None
-        )  # V, b_v
+        base = 1.0 / SLOPE_AT_ZERO[options.activation] if options.init == "identity" else 0.0
+
+        def scaled_map(in_dim: int, bias: bool = True) -> ScaledMap:
+            return ScaledMap(in_dim, d_j, bias, options.map_scale, base)
+
+        self.out_proj = scaled_map(dims.embed_dim) if form in ("both", "output") else None  # U, b_u
+        self.in_proj = scaled_map(dims.hidden_dim, bias=form != "bilinear") if form != "output" else None  # V, b_v
         self.act = ACTIVATIONS[options.activation]
         self.in_act = self.act if form in ("both", "context") else ACTIVATIONS["identity"]
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))
@@ -89,15 +99,8 @@ class JointHead(SoftmaxHead):
         0, biases 0, so the head starts near `tied` (exactly with identity activation and
         `joint_dim >= d`); "uniform": the reference code, every parameter uniform(-0.1, 0.1)."""
         for proj in (self.out_proj, self.in_proj):
-            if proj is None:
-                continue
-            if self.options.init == "identity":
-                init.copy_(proj.weight, torch.eye(*proj.weight.shape) / SLOPE_AT_ZERO[self.options.activation])
-                if proj.bias is not None:
-                    init.zeros_(proj.bias)
-            else:
-                for param in proj.parameters():
-                    init.uniform_(param, -0.1, 0.1)  # reference code: every parameter
+            if proj is not None:  # the reference code: every parameter uniform(-0.1, 0.1)
+                proj.reset(uniform=0.0 if self.options.init == "identity" else 0.1)
         init.zeros_(self.bias)
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
@@ -146,12 +149,12 @@ class JointHead(SoftmaxHead):
                 b_u = torch.zeros(d_j, dtype=E.dtype, device=E.device)
                 if act_name == "relu":
                     b_u = (-(E @ U).min(dim=0).values).clamp(min=0)
-                self.out_proj.weight.copy_(U.T)
+                self.out_proj.set_effective_weight(U.T)
                 self.out_proj.bias.copy_(b_u)
                 g_out = self.act(E @ U + b_u)
             offset = torch.zeros(1, dtype=E.dtype, device=E.device)
             if V is not None:
-                self.in_proj.weight.copy_(V)
+                self.in_proj.set_effective_weight(V)
                 if self.in_proj.bias is not None:
                     b_v = 3.0 * V.norm(dim=1) if act_name == "relu" else torch.zeros_like(V[:, 0])
                     self.in_proj.bias.copy_(b_v)

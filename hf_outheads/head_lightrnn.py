@@ -23,6 +23,9 @@ resolved against the vocabulary when the config is built, so the saved config st
 shape (the paper's sizes are not in our copy). `table_init` = "frequency" (rows are frequency
 bands) or "random" (the paper's random-table ablation). `latent_dim`, `latent_activation`,
 `latent_dropout`, `dropout_kind`: as `mos` (one locked mask for `k`, one for `z`).
+`latent_activation` = "identity" and `latent_init` = "identity", as `mos` (departure: the
+paper's tanh latents, "tanh" / "uniform" here, trained to a worse model than `tied` on a
+from-scratch transformer LM; identity latents to a better one, training/results).
 `tied` = False (paper: codes have their own embeddings); True scores exclusive codes with the
 input embeddings of their words (E[w] k_j).
 
@@ -54,7 +57,7 @@ from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, a
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, reassign, resize_codes,
                              row_summaries, table_grid, table_shape)
 from .losses import mixture_nll_sum
-from .mixture import MixtureOptions, PriorAndLatents, over_row_chunks
+from .mixture import ACTIVATIONS, LATENT_INITS, MixtureOptions, PriorAndLatents, over_row_chunks
 from .options import HeadDims, choice, flag, integer
 
 
@@ -68,6 +71,8 @@ class LightRNNOptions(MixtureOptions):
     num_columns: int | None = integer(None, minimum=1, optional=True)
     table_init: str = choice("frequency", TABLE_INITS)
     tied: bool = flag(False)
+    latent_activation: str = choice("identity", ACTIVATIONS)  # measured: see the module docstring
+    latent_init: str = choice("identity", LATENT_INITS)
 
     def complete(self, dims: HeadDims) -> None:
         """The table shape from the vocabulary (module docstring), so a saved config states it."""

@@ -85,9 +85,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             )
 
     def _init_weights(self, module):
-        """The head initialises on a fork of the global random state: the backbone's init and
-        the training randomness after it (dropout, sampling) are the same whatever the head,
-        so two heads trained from one seed differ only by their heads."""
+        """The head initialises on a fork of the global random state, so the backbone's init
+        and the training randomness after it are the same whatever the head."""
         if isinstance(module, OutputHead):
             with torch.random.fork_rng(devices=[]):
                 module.reset_parameters()
@@ -174,10 +173,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 
     @staticmethod
     def _returned_hidden_states(hidden_states, keep):
-        if not keep or hidden_states is None:
-            return None
-        if keep is True:
-            return hidden_states
+        if not keep or hidden_states is None or keep is True:
+            return hidden_states if keep else None
         return tuple(state if i in keep else None for i, state in enumerate(hidden_states))
 
 

@@ -53,7 +53,7 @@ def test_tied_on_backbone_with_narrow_embeddings_raises_but_bilinear_works():
     with pytest.raises(ValueError, match="'tied'.*d=16.*d_h=32"):
         OutHeadsConfig(text_config=electra_config(), head_type="tied")
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=electra_config(), head_type="bilinear")).eval()
-    assert model.head.proj.weight.shape == (16, 32)
+    assert model.head.map.weight.shape == (16, 32)
     assert model(**batch("gpt2")).logits.shape == (2, 7, 99)
 
 

@@ -6,9 +6,8 @@ import pytest
 import torch
 from torch.export import Dim, export
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 from head_cases import HEAD_CASES
-from tiny import VOCAB, tiny_config
+from tiny import VOCAB, tiny_model
 
 
 class CausalLogits(torch.nn.Module):
@@ -29,15 +28,9 @@ def ids(*shape, seed=0):
     return torch.randint(3, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
 
 
-def build(cls, backbone, head):
-    torch.manual_seed(0)
-    config = OutHeadsConfig(text_config=tiny_config(backbone), head_type=head, head_options=HEAD_CASES[head])
-    return cls(config).eval()
-
-
 @pytest.mark.parametrize("head", sorted(HEAD_CASES))
 def test_causal_export_with_dynamic_batch_and_length(head):
-    module = CausalLogits(build(OutHeadsForCausalLM, "llama", head))
+    module = CausalLogits(tiny_model("llama", head, HEAD_CASES[head]))
     dims = {"input_ids": {0: Dim("batch", min=1, max=32), 1: Dim("length", min=2, max=48)}}
     with torch.no_grad():
         program = export(module, (ids(2, 5),), dynamic_shapes=dims, strict=False).module()
@@ -48,7 +41,7 @@ def test_causal_export_with_dynamic_batch_and_length(head):
 
 @pytest.mark.parametrize("head", ["tied", "mos"])
 def test_seq2seq_export_with_dynamic_sizes(head):
-    module = Seq2SeqLogits(build(OutHeadsForSeq2SeqLM, "t5", head))
+    module = Seq2SeqLogits(tiny_model("t5", head, HEAD_CASES[head]))
     batch = Dim("batch", min=1, max=32)
     dims = {"input_ids": {0: batch, 1: Dim("source", min=2, max=48)},
             "decoder_input_ids": {0: batch, 1: Dim("target", min=2, max=48)}}

@@ -63,3 +63,37 @@ def test_unknown_inits_are_errors_naming_the_option(options, message):
     head_type = "bilinear" if "init" in options else "mos"
     with pytest.raises(ValueError, match=message):
         scratch(head_type, **options)
+
+
+@pytest.mark.parametrize("head_type, attr", [("bilinear", "map"), ("joint", "in_proj"), ("joint", "out_proj")])
+def test_an_adam_step_moves_a_map_map_scale_times_as_far_as_a_plain_parameter(head_type, attr):
+    """`W = I + map_scale * A`: Adam moves every entry of A by about lr, so W by map_scale * lr."""
+    inputs = batch("gpt2")["input_ids"]
+    moves = {}
+    for scale in (1.0, 0.01):
+        model = scratch(head_type, map_scale=scale).train()
+        optimizer = torch.optim.Adam(model.head.parameters(), lr=1e-3)
+        before = getattr(model.head, attr).effective_weight().detach().clone()
+        model(inputs, labels=inputs).loss.backward()
+        optimizer.step()
+        moves[scale] = (getattr(model.head, attr).effective_weight() - before).abs().max().item()
+    assert moves[1.0] == pytest.approx(1e-3, rel=1e-2)
+    assert moves[0.01] == pytest.approx(1e-5, rel=1e-2)
+
+
+def test_the_paper_init_of_a_scaled_map_is_uniform_whatever_the_scale():
+    for scale in (1.0, 0.01):
+        weight = scratch("bilinear", init="uniform", map_scale=scale).head.map.effective_weight()
+        assert weight.abs().max() <= 0.1 + 1e-6 and weight.std() > 0.05
+
+
+def test_the_head_does_not_change_the_backbone_init_or_the_random_state_after_it():
+    """Comparisons at one seed differ only by the head: its init runs on a forked random state."""
+    states = {}
+    for head_type, options in (("tied", {}), ("linear", {}), ("mos", {"num_components": 3}), ("joint", {"init": "uniform"})):
+        model = scratch(head_type, **options)
+        states[head_type] = (model.backbone.state_dict(), torch.rand(4))
+    reference, after = states.pop("tied")
+    for backbone, drawn in states.values():
+        assert all(torch.equal(backbone[key], value) for key, value in reference.items())
+        assert torch.equal(drawn, after)

@@ -37,7 +37,7 @@ def head(**options) -> JointHead:
         ("both", lambda h, E, x: torch.tanh(h.out_proj(E)) @ torch.tanh(h.in_proj(x)).T),  # Eq. 14/15
         ("output", lambda h, E, x: torch.tanh(h.out_proj(E)) @ x.T),  # Eq. 7a
         ("context", lambda h, E, x: E @ torch.tanh(h.in_proj(x)).T),  # Eq. 7b
-        ("bilinear", lambda h, E, x: E @ (x @ h.in_proj.weight.T).T),  # Eq. 6
+        ("bilinear", lambda h, E, x: E @ (x @ h.in_proj.effective_weight().T).T),  # Eq. 6
     ],
 )
 def test_forms_compute_the_papers_equations(form, formula):
@@ -63,7 +63,7 @@ def test_identity_activation_and_projections_is_the_tied_head(name, form):
     with torch.no_grad():
         for proj in (joint.head.out_proj, joint.head.in_proj):
             if proj is not None:
-                proj.weight.copy_(torch.eye(32))
+                proj.set_effective_weight(torch.eye(32))
                 if proj.bias is not None:
                     proj.bias.zero_()
     inputs = decoder_inputs(name)
@@ -118,7 +118,7 @@ def test_conversion_of_an_untied_head_uses_it():
 
 def test_joint_dim_defaults_to_the_size_each_form_needs():
     config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="joint")
-    assert config.head_options == {"joint_dim": 32, "activation": "identity", "form": "both", "init": "identity",
+    assert config.head_options == {"joint_dim": 32, "activation": "identity", "form": "both", "init": "identity", "map_scale": 0.01,
                                    "training_loss": "full", "sampled_fraction": 0.25, "sampled_proposal": "uniform"}
     narrow = HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2)
     for form, size in (("both", 32), ("output", 32), ("context", 16), ("bilinear", 16)):

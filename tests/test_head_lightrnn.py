@@ -2,7 +2,6 @@
 gold-code loss, the table (bijection, exclusive frequent words, re-assignment never worse,
 saved and carried by remote code), generation, the mixture, resizing and validation."""
 
-import json
 import os
 import subprocess
 import sys

@@ -3,7 +3,6 @@ latent dropout, option validation and conversion from pretrained LMs."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 from hf_outheads.conversion import original_lm_head

@@ -5,19 +5,18 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from hf_outheads import OutHeadsForCausalLM
 from head_cases import HEAD_CASES
-from tiny import batch, tiny_config
+from tiny import batch, tiny_model
 
 
-def build(head, backbone="llama", cls=OutHeadsForCausalLM):
-    torch.manual_seed(0)
-    return cls(OutHeadsConfig(text_config=tiny_config(backbone), head_type=head, head_options=HEAD_CASES[head])).eval()
+def build(head, backbone="llama"):
+    return tiny_model(backbone, head, HEAD_CASES[head])
 
 
-@pytest.mark.parametrize("backbone,cls", [("llama", OutHeadsForCausalLM), ("t5", OutHeadsForSeq2SeqLM)])
-def test_return_dict_false_gives_the_output_as_a_tuple(backbone, cls):
-    model, data = build("mos", backbone, cls), batch(backbone)
+@pytest.mark.parametrize("backbone", ["llama", "t5"])
+def test_return_dict_false_gives_the_output_as_a_tuple(backbone):
+    model, data = build("mos", backbone), batch(backbone)
     with torch.no_grad():
         full, plain = model(**data), model(**data, return_dict=False)
     assert isinstance(plain, tuple) and torch.equal(plain[0], full.loss) and torch.equal(plain[1], full.logits)

@@ -16,9 +16,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM  # noqa: E402
+from hf_outheads import OutHeadsForCausalLM  # noqa: E402
 from head_cases import HEAD_CASES  # noqa: E402
-from tiny import VOCAB, batch, tiny_config  # noqa: E402
+from tiny import VOCAB, batch, tiny_model  # noqa: E402
 
 HEADS = sorted(HEAD_CASES)
 TRAINING = dict(max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2, report_to=[], save_strategy="no",
@@ -41,9 +41,7 @@ def text(seed, length=8):
 
 
 def build(head, backbone="llama"):
-    torch.manual_seed(0)
-    return OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config(backbone), head_type=head,
-                                              head_options=HEAD_CASES[head]))
+    return tiny_model(backbone, head, HEAD_CASES[head]).train()
 
 
 def head_state(model):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from itertools import chain
 
-from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
+from datasets import Dataset, IterableDataset, IterableDatasetDict, load_dataset
 
 from .manpages_corpus import load_manpages_dataset
 from .stdlib_corpus import load_stdlib_dataset
