@@ -13,29 +13,22 @@ the paper's plain `W_l` is `map_scale: 1` with `init: uniform`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadDims, choice, number
-from .scaled_map import ScaledMap
-from .softmax import SoftmaxHead, SoftmaxOptions
-
-INITS = ("identity", "uniform")
+from .options import HeadDims
+from .scaled_map import MapOptions, ScaledMap
+from .softmax import SoftmaxHead
 
 
-@dataclass
-class BilinearOptions(SoftmaxOptions):
+class BilinearOptions(MapOptions):
     """init: "identity" (`W_l = I`: starts as `tied`) or "uniform" (DRILL reference);
     map_scale: how far a step of the stored parameter moves `W_l` (1: the plain form)."""
 
     head_type: ClassVar[str] = "bilinear"
-
-    init: str = choice("identity", INITS)
-    map_scale: float = number(0.01, 0.0, 1.0, open_low=True)
 
 
 class BilinearHead(SoftmaxHead):
@@ -44,12 +37,11 @@ class BilinearHead(SoftmaxHead):
 
     def __init__(self, options: BilinearOptions, dims: HeadDims):
         super().__init__(options, dims)
-        identity = self.options.init == "identity"
-        self.map = ScaledMap(dims.hidden_dim, dims.embed_dim, False, self.options.map_scale, float(identity))  # W_l
+        self.map = ScaledMap(dims.hidden_dim, dims.embed_dim, False, self.options)  # W_l
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 
     def reset_parameters(self) -> None:
-        self.map.reset(uniform=0.0 if self.options.init == "identity" else 0.1)  # DRILL reference init
+        self.map.reset()
         init.zeros_(self.bias)
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:

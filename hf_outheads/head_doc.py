@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from .head_interface import IGNORE_INDEX, HeadInputs
-from .mixture import ACTIVATIONS, LATENT_INITS, MixtureHead, MixtureOptions
-from .options import HeadDims, choice, flag, number, pairs
+from .mixture import MixtureHead, MixtureOptions
+from .options import HeadDims, flag, number, pairs
 
 
 def resolve_layer(layer: int, num_layers: int) -> int:
@@ -67,9 +67,6 @@ class DOCOptions(MixtureOptions):
     components: list = pairs(lambda: [[-1, 15], [-2, 5]], names=("layer", "count"))
     regularizer_weight: float = number(0.001, low=0.0)
     middle_layer_norm: bool = flag(True)
-    tied: bool = flag(False)
-    latent_activation: str = choice("identity", ACTIVATIONS)
-    latent_init: str = choice("identity", LATENT_INITS)
 
     def groups(self, dims: HeadDims) -> list[tuple[int, int]]:
         return [(resolve_layer(layer, dims.num_layers), count) for layer, count in self.components]

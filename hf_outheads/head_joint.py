@@ -38,18 +38,17 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadDims, choice, integer, number
-from .scaled_map import ScaledMap
-from .softmax import SoftmaxHead, SoftmaxOptions
+from .options import HeadDims, choice, integer
+from .scaled_map import MapOptions, ScaledMap
+from .softmax import SoftmaxHead
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "identity": lambda x: x}
 SLOPE_AT_ZERO = {"tanh": 1.0, "sigmoid": 0.25, "relu": 1.0, "identity": 1.0}
 FORMS = ("both", "output", "context", "bilinear")
-INITS = ("identity", "uniform")
 
 
 @dataclass
-class JointOptions(SoftmaxOptions):
+class JointOptions(MapOptions):
     """joint_dim: d_j (None: `d_h` for "both"/"output", `d` for "context"/"bilinear"; filled
     in by `resolve`, so a saved config states it); activation: identity (default, measured)
     / tanh (paper) / sigmoid / relu; form: both / output / context / bilinear (Table 3);
@@ -61,8 +60,6 @@ class JointOptions(SoftmaxOptions):
     joint_dim: int | None = integer(None, minimum=1, optional=True)
     activation: str = choice("identity", ACTIVATIONS)
     form: str = choice("both", FORMS)
-    init: str = choice("identity", INITS)
-    map_scale: float = number(0.01, 0.0, 1.0, open_low=True)
 
     def complete(self, dims: HeadDims) -> None:
         d, d_h = ("d", dims.embed_dim), ("d_h", dims.hidden_dim)
@@ -83,10 +80,9 @@ class JointHead(SoftmaxHead):
         super().__init__(options, dims)
         options = self.options  # resolved: joint_dim is set
         d_j, form = options.joint_dim, options.form
-        base = 1.0 / SLOPE_AT_ZERO[options.activation] if options.init == "identity" else 0.0
 
         def scaled_map(in_dim: int, bias: bool = True) -> ScaledMap:
-            return ScaledMap(in_dim, d_j, bias, options.map_scale, base)
+            return ScaledMap(in_dim, d_j, bias, options, gain=1.0 / SLOPE_AT_ZERO[options.activation])
 
         self.out_proj = scaled_map(dims.embed_dim) if form in ("both", "output") else None  # U, b_u
         self.in_proj = scaled_map(dims.hidden_dim, bias=form != "bilinear") if form != "output" else None  # V, b_v
@@ -99,8 +95,8 @@ class JointHead(SoftmaxHead):
         0, biases 0, so the head starts near `tied` (exactly with identity activation and
         `joint_dim >= d`); "uniform": the reference code, every parameter uniform(-0.1, 0.1)."""
         for proj in (self.out_proj, self.in_proj):
-            if proj is not None:  # the reference code: every parameter uniform(-0.1, 0.1)
-                proj.reset(uniform=0.0 if self.options.init == "identity" else 0.1)
+            if proj is not None:
+                proj.reset()
         init.zeros_(self.bias)
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:

@@ -57,8 +57,8 @@ from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, a
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, reassign, resize_codes,
                              row_summaries, table_grid, table_shape)
 from .losses import mixture_nll_sum
-from .mixture import ACTIVATIONS, LATENT_INITS, MixtureOptions, PriorAndLatents, over_row_chunks
-from .options import HeadDims, choice, flag, integer
+from .mixture import MixtureOptions, PriorAndLatents, over_row_chunks
+from .options import HeadDims, choice, integer
 
 
 @dataclass
@@ -70,9 +70,6 @@ class LightRNNOptions(MixtureOptions):
     num_rows: int | None = integer(None, minimum=1, optional=True)
     num_columns: int | None = integer(None, minimum=1, optional=True)
     table_init: str = choice("frequency", TABLE_INITS)
-    tied: bool = flag(False)
-    latent_activation: str = choice("identity", ACTIVATIONS)  # measured: see the module docstring
-    latent_init: str = choice("identity", LATENT_INITS)
 
     def complete(self, dims: HeadDims) -> None:
         """The table shape from the vocabulary (module docstring), so a saved config states it."""

@@ -48,8 +48,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .mixture import ACTIVATIONS, LATENT_INITS, MixtureHead, MixtureOptions
-from .options import choice, flag, integer
+from .mixture import MixtureHead, MixtureOptions
+from .options import integer
 
 
 @dataclass
@@ -57,9 +57,6 @@ class MoSOptions(MixtureOptions):
     head_type: ClassVar[str] = "mos"
 
     num_components: int = integer(15, minimum=1)
-    tied: bool = flag(False)
-    latent_activation: str = choice("identity", ACTIVATIONS)
-    latent_init: str = choice("identity", LATENT_INITS)
 
 
 class MoSHead(MixtureHead):

@@ -34,15 +34,17 @@ MIX_CHUNK_ELEMENTS = 2**24  # per chunk of the `rows x J x |V|` scores when full
 
 @dataclass
 class MixtureOptions(HeadOptions):
-    """Options of the prior and latents (`mos`, `doc`, `lightrnn`; defaults: the reference codes,
-    except the dropout rate)."""
+    """Options of the prior and latents (`mos`, `doc`, `lightrnn`). Defaults measured on transformer
+    backbones (training/results/ablations_stdlib_lm.md): an own output matrix and identity latents
+    started at the identity under a uniform prior; the reference codes are `tied=True`,
+    `latent_activation="tanh"`, `latent_init="uniform"` (and dropout, see the heads)."""
 
     latent_dim: int | None = integer(None, minimum=1, optional=True)  # d of k_j; None = embedding width
-    tied: bool = flag(True)  # s_j = E k_j + b (reference `tie_weights`); False: own |V| x latent_dim matrix W
-    latent_activation: str = choice("tanh", ACTIVATIONS)  # "tanh" (MoS, reference) or "identity" (DOC Eq. 11)
+    tied: bool = flag(False)  # own |V| x latent_dim matrix W; True: s_j = E k_j + b (reference `tie_weights`)
+    latent_activation: str = choice("identity", ACTIVATIONS)  # "identity" (DOC Eq. 11) or "tanh" (MoS, reference)
     latent_dropout: float = probability(0.0)  # rate on the latents; MoS PTB 0.29, DOC 0.6 (heads' docstrings)
     dropout_kind: str = choice("locked", DROPOUT_KINDS)  # "locked": one mask per sequence for all steps
-    latent_init: str = choice("uniform", LATENT_INITS)  # "uniform": reference; "identity": W_n = I + noise
+    latent_init: str = choice("identity", LATENT_INITS)  # "identity": W_n = I + noise; "uniform": reference
 
     def complete(self, dims: HeadDims) -> None:
         if self.tied and self.latent_dim not in (None, dims.embed_dim):

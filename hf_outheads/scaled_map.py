@@ -8,23 +8,43 @@ the backbone's rate, it made `bilinear` and `joint` train to worse models than `
 a rate 100 times lower it did not (training/results/ablations_stdlib_lm.md). With
 `W = base I + scale A`, a step of `A` moves `W` `scale` times as far, under any such optimiser
 and with no per-parameter-group setup; weight decay on `A` pulls `W` towards `base I`.
-`scale = 1, base = 0` is the plain parameterisation.
+`scale = 1, base = 0` is the plain parameterisation. `MapOptions` declares the two options
+of the heads built on it (`bilinear`, `joint`): `init` and `map_scale`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
+from .options import choice, number
+from .softmax import SoftmaxOptions
+
+INITS = ("identity", "uniform")
+REFERENCE_BOUND = 0.1  # the reference codes' init: every parameter uniform(-0.1, 0.1)
+
+
+@dataclass
+class MapOptions(SoftmaxOptions):
+    """init: "identity" (the maps start at a (semi-)identity: the head starts as `tied`) or
+    "uniform" (the reference codes); map_scale: how far a step of the stored parameter moves a
+    map (1: the plain form; the paper form is `init: uniform, map_scale: 1`)."""
+
+    init: str = choice("identity", INITS)
+    map_scale: float = number(0.01, 0.0, 1.0, open_low=True)
+
 
 class ScaledMap(nn.Module):
-    """`W x + b` with `W = base * I + scale * weight` (`I` the (semi-)identity, `out x in`)."""
+    """`W x + b` with `W = base * I + scale * weight` (`I` the (semi-)identity, `out x in`);
+    `base` is `gain` with the options' identity init, 0 with the reference init."""
 
-    def __init__(self, in_dim: int, out_dim: int, bias: bool, scale: float, base: float):
+    def __init__(self, in_dim: int, out_dim: int, bias: bool, options: MapOptions, gain: float = 1.0):
         super().__init__()
-        self.scale, self.base = scale, base
+        self.scale, self.base = options.map_scale, (gain if options.init == "identity" else 0.0)
         self.weight = nn.Parameter(torch.empty(out_dim, in_dim))  # A
         self.bias = nn.Parameter(torch.empty(out_dim)) if bias else None
 
@@ -37,15 +57,13 @@ class ScaledMap(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.effective_weight(), self.bias)
 
-    def reset(self, uniform: float = 0.0) -> None:
-        """`W = base I` (`A = 0`), or with `uniform > 0` every parameter of `W` and `b`
-        uniform(-uniform, uniform) (the reference codes' init); bias 0 otherwise."""
-        if uniform:
-            init.uniform_(self.weight, -uniform / self.scale, uniform / self.scale)
-        else:
-            init.zeros_(self.weight)
+    def reset(self) -> None:
+        """Identity init: `W = base I` (`A = 0`), bias 0. Reference init (`base = 0`): every
+        parameter of `W` and `b` uniform(-0.1, 0.1)."""
+        bound = 0.0 if self.base else REFERENCE_BOUND
+        init.uniform_(self.weight, -bound / self.scale, bound / self.scale)  # zeros when bound is 0
         if self.bias is not None:
-            init.uniform_(self.bias, -uniform, uniform)  # zeros when uniform is 0
+            init.uniform_(self.bias, -bound, bound)
 
     @torch.no_grad()
     def set_effective_weight(self, weight: torch.Tensor) -> None:
