@@ -100,6 +100,7 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         self.second_bias = nn.Parameter(torch.empty(c))
         self.register_buffer("codes", self.default_table())
         self.tracking_code_costs, self._costs = False, None
+        self._conversion = None  # (word vectors, biases) of a conversion, until the table is set from counts
 
     def default_table(self) -> torch.Tensor:
         return default_codes(self.dims.vocab_size, *self.table, self.options.table_init)
@@ -116,6 +117,7 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         init.zeros_(self.first_bias)
         init.zeros_(self.second_bias)
         init.copy_(self.codes, self.default_table().to(self.codes.device))
+        self._conversion = None
 
     def check_state(self) -> None:
         """A loaded table gives every word a distinct code in range (`lightrnn_table.check_codes`)."""
@@ -263,6 +265,9 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         counts = word_count_vector(self, counts)
         if torch.equal(self.codes.cpu(), self.default_table()):
             self.init_table_from_counts(counts)
+            if self._conversion is not None:  # a converted head: the code parameters follow their words
+                self.convert_codes(*self._conversion)
+        self._conversion = None
 
     @torch.no_grad()
     def resize_vocab(self, new_size: int) -> None:
@@ -274,17 +279,26 @@ class LightRNNHead(PriorAndLatents, OutputHead):
 
     @torch.no_grad()
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
-        """Approximate (returns False), as `mos`'s tanh conversion: `k = tanh(eps A h)` with A the
-        identity (or the top right-singular vectors of `weight` when d < d_h), exclusive codes
-        score `weight[w] A^T / eps + bias[w]`, a row the mean of its words' vectors and the
-        logsumexp of their biases; the column layers keep their fresh initialisation (zeroing
-        both `z`'s inputs and the column weights would leave them without gradients). The
-        table stays as it is."""
-        d, d_h, eps, (f, r, c) = self.latent_size, self.dims.hidden_dim, self.tanh_init_scale, self.table
+        """Approximate (returns False), as `mos`'s conversion: `k = A h` (`tanh(eps A h)` with
+        tanh latents, eps = `tanh_init_scale`) with A the identity (or the top right-singular
+        vectors of `weight` when d < d_h); exclusive codes score `weight[w] A^T (/ eps) + bias[w]`,
+        a row the mean of its words' vectors and the logsumexp of their biases (`convert_codes`);
+        the column layers keep their fresh initialisation (zeroing both `z`'s inputs and the column
+        weights would leave them without gradients). The word vectors are kept until
+        `set_word_counts` replaces the default table, so that the code parameters follow their words."""
+        d, d_h = self.latent_size, self.dims.hidden_dim
+        eps = self.tanh_init_scale if self.options.latent_activation == "tanh" else 1.0
         A = torch.eye(d, d_h) if d >= d_h else torch.linalg.svd(weight.float(), full_matrices=False)[2][:d]
-        vectors, bias = weight.float() @ A.T.to(weight.device) / eps, bias.float()
         self.latents[0].weight.copy_((A * eps).repeat(self.num_components, 1))
         self.latents[0].bias.zero_()
+        self._conversion = (weight.float() @ A.T.to(weight.device) / eps, bias.float())
+        self.convert_codes(*self._conversion)
+        return False
+
+    @torch.no_grad()
+    def convert_codes(self, vectors: torch.Tensor, bias: torch.Tensor) -> None:
+        """First-code weights and biases from per-word output vectors and biases, for the current table."""
+        (f, r, c) = self.table
         exclusive = torch.nonzero(self.codes < f).squeeze(1)
         row_vectors, row_bias = row_summaries(self.codes, f, r, c, vectors, bias)
         self.first_bias[:f].zero_()
@@ -294,4 +308,3 @@ class LightRNNHead(PriorAndLatents, OutputHead):
             self.first_weight[:f].zero_()
             self.first_weight[self.codes[exclusive]] = vectors[exclusive]
         self.first_weight[-r:] = row_vectors
-        return False

@@ -73,6 +73,10 @@ def test_a_finished_run_is_reused_and_a_changed_config_retrains(tmp_path, monkey
     first = compare_heads.run_one(options, "tied", ("tied", {}), 3, "", 1)
     again = compare_heads.run_one(options, "tied", ("tied", {}), 3, "", 1)
     assert len(calls) == 1 and first["eval_perplexity"] == again["eval_perplexity"] == 49.0
+    saved = tmp_path / "tied" / "seed3" / "train_config.yaml"  # the same options in another order
+    saved.write_text(yaml.safe_dump(dict(reversed(yaml.safe_load(saved.read_text()).items())), sort_keys=False))
+    compare_heads.run_one(options, "tied", ("tied", {}), 3, "", 1)
+    assert len(calls) == 1
     compare_heads.run_one(options, "tied", ("tied", {"training_loss": "chunked"}), 3, "", 1)
     assert len(calls) == 2
 

@@ -76,7 +76,8 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
                   output_dir=str(run_dir), resume="never", push_to_hub=False)
     text = yaml.safe_dump(config, sort_keys=False)
     config_path, results_path = run_dir / "train_config.yaml", run_dir / RESULTS_FILE
-    if results_path.exists() and config_path.exists() and config_path.read_text() == text:
+    # the same options in another order (a refactor of an options class) are the same run
+    if results_path.exists() and config_path.exists() and yaml.safe_load(config_path.read_text()) == yaml.safe_load(text):
         print(f"=== {name} seed {seed}: reusing {results_path}", flush=True)
     else:
         results_path.unlink(missing_ok=True)
