@@ -54,8 +54,8 @@ from transformers import initialization as init
 
 from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits, word_count_vector
 from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
-                             codes_from_counts, codes_from_grid, default_codes, empty_costs, reassign, resize_codes,
-                             row_summaries, table_grid, table_shape)
+                             codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
+                             resize_codes, table_grid, table_shape)
 from .losses import mixture_nll_sum
 from .mixture import MixtureOptions, PriorAndLatents, over_row_chunks
 from .options import HeadDims, choice, integer
@@ -279,15 +279,12 @@ class LightRNNHead(PriorAndLatents, OutputHead):
 
     @torch.no_grad()
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
-        """Approximate (returns False), as `mos`'s conversion: `k = A h` (`tanh(eps A h)` with
-        tanh latents, eps = `tanh_init_scale`) with A the identity (or the top right-singular
-        vectors of `weight` when d < d_h); exclusive codes score `weight[w] A^T (/ eps) + bias[w]`,
-        a row the mean of its words' vectors and the logsumexp of their biases (`convert_codes`);
-        the column layers keep their fresh initialisation (zeroing both `z`'s inputs and the column
-        weights would leave them without gradients). The word vectors are kept until
-        `set_word_counts` replaces the default table, so that the code parameters follow their words."""
-        d, d_h = self.latent_size, self.dims.hidden_dim
-        eps = self.tanh_init_scale if self.options.latent_activation == "tanh" else 1.0
+        """Approximate (returns False), as `mos`'s conversion: latents `A h` (`tanh(eps A h)`:
+        `conversion_scale`), A the identity (or the top right-singular vectors of `weight` when
+        d < d_h), code scores from the words' `weight A^T / eps` and `bias` (`convert_codes`); the
+        column layers stay fresh (zero ones would get no gradient). The word vectors are kept until
+        `set_word_counts` re-draws the default table, so that the codes' parameters follow their words."""
+        d, d_h, eps = self.latent_size, self.dims.hidden_dim, self.conversion_scale
         A = torch.eye(d, d_h) if d >= d_h else torch.linalg.svd(weight.float(), full_matrices=False)[2][:d]
         self.latents[0].weight.copy_((A * eps).repeat(self.num_components, 1))
         self.latents[0].bias.zero_()
@@ -297,14 +294,8 @@ class LightRNNHead(PriorAndLatents, OutputHead):
 
     @torch.no_grad()
     def convert_codes(self, vectors: torch.Tensor, bias: torch.Tensor) -> None:
-        """First-code weights and biases from per-word output vectors and biases, for the current table."""
-        (f, r, c) = self.table
-        exclusive = torch.nonzero(self.codes < f).squeeze(1)
-        row_vectors, row_bias = row_summaries(self.codes, f, r, c, vectors, bias)
-        self.first_bias[:f].zero_()
-        self.first_bias[self.codes[exclusive]] = bias[exclusive]
-        self.first_bias[f:] = row_bias
-        if not self.options.tied:
-            self.first_weight[:f].zero_()
-            self.first_weight[self.codes[exclusive]] = vectors[exclusive]
-        self.first_weight[-r:] = row_vectors
+        """First-code weights and biases from per-word output vectors and biases, for the current
+        table (`lightrnn_table.first_code_params`); tied exclusive codes keep the input embeddings."""
+        weight, first_bias = first_code_params(self.codes, *self.table, vectors, bias)
+        self.first_bias.copy_(first_bias)
+        self.first_weight.copy_(weight[-self.first_weight.shape[0]:])

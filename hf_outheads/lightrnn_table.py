@@ -223,6 +223,17 @@ def row_summaries(codes, F, R, C, vectors: torch.Tensor, bias: torch.Tensor):
     return means, top + total.clamp(min=1e-30).log()
 
 
+def first_code_params(codes, F, R, C, vectors: torch.Tensor, bias: torch.Tensor):
+    """First-code weights `(F + R, d)` and biases `(F + R,)` from per-word output `vectors` and
+    `bias`: an exclusive code takes its word's, a row `row_summaries` of its words; unused
+    exclusive codes zero."""
+    exclusive = torch.nonzero(codes < F).squeeze(1)
+    weight = torch.zeros(F, vectors.shape[1], device=vectors.device).index_copy_(0, codes[exclusive], vectors[exclusive])
+    first_bias = torch.zeros(F, device=bias.device).index_copy_(0, codes[exclusive], bias[exclusive])
+    row_vectors, row_bias = row_summaries(codes, F, R, C, vectors, bias)
+    return torch.cat([weight, row_vectors]), torch.cat([first_bias, row_bias])
+
+
 def empty_costs(vocab_size: int, R: int, C: int, device) -> list:
     """`[row_cost (|V|, R), col_cost (|V|, C), tokens]`, the accumulators of the costs."""
     return [torch.zeros(vocab_size, R, device=device), torch.zeros(vocab_size, C, device=device), 0]

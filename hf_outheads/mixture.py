@@ -64,6 +64,12 @@ class PriorAndLatents:
     shared_dropout_mask = False  # doc: one locked mask for all components; mos: one per component
     tanh_init_scale = 0.01  # eps of the tanh conversion (see `MixtureHead.init_from_lm_head`)
 
+    @property
+    def conversion_scale(self) -> float:
+        """The latent maps' scale in a conversion: eps with tanh latents (`tanh(eps A h) / eps ~ A h`,
+        the `1/eps` goes into the output weights), 1 with identity latents."""
+        return self.tanh_init_scale if self.options.latent_activation == "tanh" else 1.0
+
     def build_prior_and_latents(self, groups: list[tuple[int, int]], latent_size: int, with_prior: bool = True):
         """`with_prior=False`: log pi = 0, one component (no parameter without a gradient)."""
         self.groups = tuple((int(layer), int(count)) for layer, count in groups)
@@ -252,10 +258,9 @@ class MixtureHead(PriorAndLatents, OutputHead):
             u, s, vh = torch.linalg.svd(weight.float(), full_matrices=False)
             latent_map, exact = vh[:d], False
             self.weight.copy_(u[:, :d] * s[:d])
-        if self.options.latent_activation == "tanh":
-            latent_map = latent_map * self.tanh_init_scale
-            if self.weight is not None:
-                self.weight.div_(self.tanh_init_scale)
+        latent_map = latent_map * self.conversion_scale
+        if self.weight is not None:
+            self.weight.div_(self.conversion_scale)
         for (layer, count), linear in zip(self.groups, self.latents):
             linear.bias.zero_()
             if layer == self.dims.num_layers:
