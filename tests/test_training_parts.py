@@ -18,7 +18,7 @@ from training import data as data_lib
 from training.evaluation import generation_scores
 from training.options import FIELDS, TrainOptions, parse_options
 from training.publish import push_to_hub, render_card
-from training.stdlib_corpus import SAFE_MODULES, build_records, build_records_isolated
+from training.stdlib_corpus import SAFE_MODULES, build_records, build_records_isolated, restore_records
 from training.tokenization import train_tokenizer
 
 TEXTS = [r["text"] for r in build_records("text")["train"][:400]]
@@ -125,6 +125,17 @@ def test_stdlib_corpus_is_deterministic_and_imports_only_safe_modules():
     sources = {r["source"] for r in first["train"]}
     assert not sources & {r["source"] for r in first["validation"]}
     assert all(" at 0x" not in r["source"] for r in first["train"])  # no memory addresses in signatures
+
+
+def test_stdlib_restore_pairs_join_wrapped_lines_and_keep_each_sentence_once():
+    records = {"train": [{"text": "m.f(x)\nReturn the value of x,\nrounded.  Too short here.\n\nSee the M.g function, please, for more."},
+                         {"text": "m.h()\nReturn the value of x, rounded."}],
+               "validation": [{"text": "m.k()\nReturn the value of x,\nrounded."}]}
+    splits = restore_records(records)
+    assert splits["train"] == [{"source": "return the value of x rounded", "target": "Return the value of x, rounded."},
+                               {"source": "see the m g function please for more",
+                                "target": "See the M.g function, please, for more."}]
+    assert splits["validation"] == []  # the same sentence in another split would leak
 
 
 def test_metric_modules_load_offline():

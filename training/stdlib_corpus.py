@@ -11,6 +11,9 @@ Two tasks are built from it at run time, with no download:
     summarisation. It is hard for a model trained from scratch on ~1,700 pairs: in the
     quickstart's budget the model learns the summaries' language (perplexity drops ~40x)
     before it learns to use the source; see training/README.md.
+  - `restore`: case and punctuation restoration of the docstrings' sentences (the man-pages
+    corpus's `restore` task, `manpages_corpus.restore_pairs`, on each docstring's paragraphs
+    joined into lines); each target once.
 
 Only an allowlist of modules is imported: importing arbitrary stdlib modules can open a
 window (turtle, tkinter, idlelib), a browser (antigravity) or print (this). The walk runs
@@ -131,11 +134,33 @@ def build_records_isolated(task: str, validation_percent: int = 10) -> dict[str,
     return json.loads(done.stdout)
 
 
+def restore_records(text_records: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The `restore` task's splits from the `text` task's (same split of each docstring)."""
+    from .manpages_corpus import restore_pairs
+
+    splits, targets = {}, set()
+    for split, rows in text_records.items():
+        splits[split] = []
+        for row in rows:
+            header, _, doc = row["text"].partition("\n")
+            paragraphs = [" ".join(paragraph.split()) for paragraph in doc.split("\n\n")]
+            for pair in restore_pairs("\n".join([header, *paragraphs])):
+                if pair["target"] not in targets:  # a repeated sentence would leak across splits
+                    targets.add(pair["target"])
+                    splits[split].append(pair)
+    return splits
+
+
 def load_stdlib_dataset(task: str, validation_percent: int = 10):
-    """The corpus as a `datasets.DatasetDict` with `train` and `validation` splits."""
+    """The corpus as a `datasets.DatasetDict` with `train` and `validation` splits
+    (`task`: 'text', 'summary' or 'restore')."""
     from datasets import Dataset, DatasetDict
 
-    records = build_records_isolated(task, validation_percent)
+    if task not in ("text", "summary", "restore"):
+        raise ValueError(f"Unknown stdlib_docstrings task {task!r}: use 'text', 'summary' or 'restore'.")
+    records = build_records_isolated("text" if task == "restore" else task, validation_percent)
+    if task == "restore":
+        records = restore_records(records)
     return DatasetDict({split: Dataset.from_list(rows) for split, rows in records.items()})
 
 
