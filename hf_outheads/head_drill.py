@@ -21,7 +21,11 @@ Departures from paper / reference code (idiap/drill):
   read literally would add E twice at layer 1 (`E^(0) = E`).
 - Init: `U_i` uniform(-0.1, 0.1) and output bias zero (paper); `b_i` uniform(+-1/sqrt(d)),
   PyTorch's Linear default, which the reference code keeps.
-- `E^(k)` is recomputed at every forward (never per position); no caching here.
+- `E^(k)` is computed once per forward (never per position), and kept across `generate` calls
+  while E and the weights hold the same values (`softmax.py`).
+- Standard dropout on a layer's input is fused with the layer (`_DroppedLinear`): backward
+  keeps a one-byte mask and the undropped input (E itself at layer 1), not a dropped copy
+  and a float mask (depth 2, relu: 3.5 saved `|V| x d` matrices instead of 6).
 """
 
 from __future__ import annotations
@@ -66,6 +70,34 @@ class DrillOptions(SoftmaxOptions):
                            "'joint' (any d_j) or 'bilinear'")
 
 
+class _DroppedLinear(torch.autograd.Function):
+    """`F.linear(dropout(x), W, b)` with standard (inverted) dropout, saving for backward `x`
+    and a one-byte keep mask instead of the dropped copy and a float mask: for the first
+    layer `x` is E itself, so the layer keeps a quarter of a `|V| x d` matrix, not two."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, p):
+        keep = torch.rand(x.shape, device=x.device) >= p
+        scale = 1.0 / (1.0 - p)  # applied to the d x d weight, not to the |V| x d input
+        ctx.save_for_backward(x, weight, keep)
+        ctx.scale = scale
+        return F.linear(torch.where(keep, x, 0.0), weight * scale, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, keep = ctx.saved_tensors
+        grad = grad.to(weight.dtype)  # bf16 under autocast; the saved tensors keep their dtype
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.where(keep, grad @ (weight * ctx.scale), 0.0).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dropped = torch.where(keep, x.to(weight.dtype), 0.0).flatten(0, -2)
+            grad_weight = (grad.flatten(0, -2).T @ dropped).mul_(ctx.scale)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad.flatten(0, -2).sum(0)
+        return grad_x, grad_weight, grad_bias, None
+
+
 class LabelDropout(nn.Module):
     """Dropout on a label matrix `X` (`|V| x d`), DRILL Sec. 3.2.4: "standard" draws a new
     elementwise mask; "locked" (variational, Gal & Ghahramani 2016) draws one `(1, d)` mask
@@ -83,12 +115,19 @@ class LabelDropout(nn.Module):
         mask = x.new_empty(1, x.shape[-1]).bernoulli_(1.0 - self.p) / (1.0 - self.p)
         return x * mask
 
+    def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+        """`layer(self(x))`; standard dropout in training is fused with the layer (`_DroppedLinear`)."""
+        if self.training and self.p > 0.0 and self.kind == "standard":
+            return _DroppedLinear.apply(x, layer.weight, layer.bias, self.p)
+        return layer(self(x))
+
     def extra_repr(self) -> str:
         return f"p={self.p}, kind={self.kind}"
 
 
 class DrillHead(SoftmaxHead):
     head_type = "drill"
+    keeps_label_matrix = True
     Options = DrillOptions
 
     def __init__(self, options: DrillOptions, dims: HeadDims):
@@ -108,8 +147,9 @@ class DrillHead(SoftmaxHead):
 
     def encode_layer(self, i: int, previous: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """`E^(i)` from `E^(i-1)` (Eq. 9, 10, 12); i counts from 0."""
-        x = self.dropout(previous) if self.options.dropout_position == "input" else previous
-        branch = self.act(self.layers[i](x))
+        layer = self.layers[i]
+        dropped_input = self.options.dropout_position == "input"
+        branch = self.act(self.dropout.linear(previous, layer) if dropped_input else layer(previous))
         if self.options.dropout_position == "output":
             branch = self.dropout(branch)
         out = branch + embeddings
@@ -128,14 +168,16 @@ class DrillHead(SoftmaxHead):
         constant added to every row, which shifts all scores of a position equally and
         leaves the next-token distribution unchanged. Layer by layer, `act(X U + b)` is
         fitted to its target `T` through `act(x) ~ act(0) + slope * x`: `U = lstsq(X, T) / slope`,
-        and `b_i` centres `X U` per column (relu: shifts it to >= 0), a row constant in `f_i`.
+        and `b_i` centres `X U` per column (relu: shifts it to >= 1/sqrt(d), so every unit is
+        active: at 0 relu's gradient is 0, and a converted tied head would never move), a row
+        constant in `f_i`.
 
         Exact (returns True) for a tied original (`W == E`) without `residual_previous`:
-        the target is 0, so `U_i = 0, b_i = 0` and `f_i = act(0)`: 0 for relu/tanh (the
-        logits are the original's), `1/2` for sigmoid (every logit of a position moves by
-        `sum(h)/2`: same distribution, different logits; sigmoid can never give 0). With
+        the target is 0, so `U_i = 0` and `f_i = act(b_i)`: 0 for tanh (the logits are the
+        original's), `1/sqrt(d)` for relu and `1/2` for sigmoid (every logit of a position
+        moves by `sum(h)/sqrt(d)` or `sum(h)/2`: same distribution, different logits). With
         `residual_previous`, layers >= 2 must cancel `E^(i-1)`: exact for relu
-        (`U = -I`, `b = max(E^(i-1))` keeps relu linear), approximate for tanh/sigmoid
+        (`U = -I`, `b = max(E^(i-1)) + 1/sqrt(d)` keeps relu linear), approximate for tanh/sigmoid
         (`tanh(-X) ~ -X`, `sigmoid(-4X) ~ 1/2 - X`: good while embedding entries are small,
         measured max |log p| error 5e-4 (tanh) / 2e-3 (sigmoid) on tiny GPT-2 with N(0, 0.02)
         embeddings, useless for T5's N(0, 1) ones).
@@ -158,7 +200,10 @@ class DrillHead(SoftmaxHead):
                 else:
                     U = torch.linalg.lstsq(previous, target).solution / slope
                 pre = previous @ U  # b_i centres it on act's linear part (a row constant in f_i)
-                b = -pre.min(dim=0).values.clamp(max=0) if self.options.activation == "relu" else -pre.mean(dim=0)
+                if self.options.activation == "relu":  # every unit on relu's linear side, with gradient
+                    b = -pre.min(dim=0).values.clamp(max=0) + 1.0 / math.sqrt(self.dims.embed_dim)
+                else:
+                    b = -pre.mean(dim=0)
                 layer.weight.copy_(U.T)
                 layer.bias.copy_(b)
                 branch = self.act(pre + b) + E

@@ -74,6 +74,7 @@ class JointOptions(MapOptions):
 
 class JointHead(SoftmaxHead):
     head_type = "joint"
+    keeps_label_matrix = True
     Options = JointOptions
 
     def __init__(self, options: JointOptions, dims: HeadDims):

@@ -3,8 +3,10 @@ and 7; joint-embedding paper Eq. 14). Subclasses (`linear`, `tied`, `bilinear`, 
 `drill`) define the context-independent `label_matrix` and the per-position `context`.
 
 What they share, for speed and memory:
-  - the label matrix is computed once per forward pass, and once per `generate` call (the
-    model enters `head.generation_scope()`), never kept across calls;
+  - the label matrix is computed once per forward pass; in `generate` (the model enters
+    `head.generation_scope()`) a computed one (drill, joint: `keeps_label_matrix`) is kept
+    across calls while the tensors it is computed from hold the same values (checked once per
+    call against a copy of them, which costs the memory of E and the head's parameters);
   - `training_loss="chunked"` (or the model argument `return_logits=False`): the exact loss
     from a chunked linear cross-entropy whose gradient is computed in its forward pass, never
     holding `N x |V|` logits; no logits returned;
@@ -44,14 +46,25 @@ class SoftmaxOptions(HeadOptions):
     sampled_proposal: str = choice("uniform", PROPOSALS)
 
 
+def _same_values(kept: tuple, tensors: tuple) -> bool:
+    return len(kept) == len(tensors) and all(
+        a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+        for a, b in zip(kept, tensors))
+
+
 class SoftmaxHead(OutputHead):
     """A single softmax over factorised scores; see the module docstring."""
+
+    # True where `label_matrix` computes a new matrix (drill, joint): worth keeping across
+    # `generate` calls. Elsewhere it returns a stored tensor, and keeping copies would only cost.
+    keeps_label_matrix: ClassVar[bool] = False
 
     Options = SoftmaxOptions
 
     def __init__(self, options, dims):
         super().__init__(options, dims)
-        self._label_cache: tuple | None = None
+        self._label_cache: tuple | None = None  # (copies of the inputs, their key, label matrix)
+        self._generating = self._checked = False
         self._log_unigram: torch.Tensor | None = None
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
@@ -61,27 +74,34 @@ class SoftmaxHead(OutputHead):
         return hidden
 
     def current_label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """`label_matrix(E)`, computed once per `generation_scope()` scope (the model's
-        `generate`, no autograd) while `E` and the parameters are the same tensors, storage and
-        version; outside a scope computed on every call (`param.data` writes change no version,
-        so no cross-call key could see them)."""
-        if self._label_cache is None or self.training or torch.is_grad_enabled():
+        """`label_matrix(E)`; inside `generation_scope()` (no autograd, eval mode) kept across
+        steps and calls. The first use in a scope compares the tensors it was computed from (E
+        and the head's parameters) with copies taken then, value by value, since `param.data`
+        writes (e.g. a PEFT merge) change no tensor version; later steps of the scope check only
+        identity, storage and version. Outside a scope computed on every call."""
+        if not (self.keeps_label_matrix and self._generating) or self.training or torch.is_grad_enabled():
             return self.label_matrix(embeddings)
         tensors = (embeddings, *self.parameters())
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        key = tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
         cached = self._label_cache
-        if not cached or cached[1] != key or any(a is not b for a, b in zip(cached[0], tensors)):
-            self._label_cache = (tensors, key, self.label_matrix(embeddings))
-        return self._label_cache[2]
+        if cached is None or (key != cached[1] or not self._checked) and not _same_values(cached[0], tensors):
+            matrix = self.label_matrix(embeddings)
+            cached = (tuple(t.detach().clone() for t in tensors), key, matrix)
+        self._label_cache, self._checked = (cached[0], key, cached[2]), True
+        return cached[2]
 
     @contextmanager
     def generation_scope(self):
-        """Within this scope (one `generate` call) the label matrix is computed once."""
-        outer, self._label_cache = self._label_cache, ()
+        """Within this scope (one `generate` call) the label matrix is computed at most once."""
+        outer, self._generating, self._checked = (self._generating, self._checked), True, False
         try:
             yield
         finally:
-            self._label_cache = outer
+            self._generating, self._checked = outer
+
+    def train(self, mode: bool = True):
+        self._label_cache = None  # training changes the weights: drop the kept matrix and copies
+        return super().train(mode)
 
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Unigram proposal for `sampled_proposal="unigram"` (add-one smoothed)."""

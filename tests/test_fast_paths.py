@@ -124,10 +124,11 @@ def test_generation_computes_the_label_matrix_once(head):
     assert len(calls) == 1
 
 
-def test_label_matrix_is_never_stale_and_computed_once_per_generate_call():
+def test_label_matrix_is_never_stale_and_kept_across_generate_calls():
     """Outside `generate` every forward recomputes the label matrix, so any weight change is
-    seen, including `param.data` writes (which change no tensor version); inside one call it is
-    computed once; training always recomputes it, with gradients."""
+    seen, including `param.data` writes (which change no tensor version). `generate` keeps it
+    across calls while its inputs hold the same values, and recomputes it after any change;
+    training always recomputes it, with gradients."""
     ids, _ = batch()
     model = model_for("drill").eval()
     calls = count_label_matrix_calls(model.head)
@@ -136,6 +137,10 @@ def test_label_matrix_is_never_stale_and_computed_once_per_generate_call():
         with torch.no_grad():
             return model(input_ids=ids).logits
 
+    def first_scores():
+        return model.generate(ids[:1], max_new_tokens=1, do_sample=False, output_scores=True,
+                              return_dict_in_generate=True).scores[0]
+
     first = logits()
     assert torch.equal(logits(), first) and len(calls) == 2
     for param in (model.head.layers[0].weight, model.get_input_embeddings().weight):
@@ -143,11 +148,16 @@ def test_label_matrix_is_never_stale_and_computed_once_per_generate_call():
         param.data.mul_(1.5)  # no version bump: an old cache would return `before`
         assert not torch.equal(logits(), before)
     model.generate(ids[:1], max_new_tokens=3, min_new_tokens=3, do_sample=False)
-    model.head.layers[0].weight.data.add_(0.5)
-    generated = [model.generate(ids[:1], max_new_tokens=1, do_sample=False, output_scores=True,
-                                return_dict_in_generate=True).scores[0] for _ in range(2)]
-    with torch.no_grad():
-        torch.testing.assert_close(generated[0], model(input_ids=ids[:1]).logits[:, -1])
+    count = len(calls)
+    kept = first_scores()
+    assert len(calls) == count  # same values: the matrix of the previous call
+    for param in (model.head.layers[0].weight, model.get_input_embeddings().weight):
+        param.data.add_(0.5)  # same tensor, storage and version: only the values tell
+        generated = first_scores()
+        assert len(calls) == count + 1 and not torch.equal(generated, kept)
+        with torch.no_grad():
+            torch.testing.assert_close(generated, model(input_ids=ids[:1]).logits[:, -1])
+        count, kept = len(calls), generated
     state = {k: v.clone() for k, v in model_for("drill").state_dict().items()}
     model.load_state_dict(state)
     fresh = model_for("drill").eval()
@@ -159,3 +169,6 @@ def test_label_matrix_is_never_stale_and_computed_once_per_generate_call():
     count = len(calls)
     model(input_ids=ids).logits.sum().backward()  # training: recomputed every forward, with gradients
     assert len(calls) == count + 1 and model.head.layers[0].weight.grad is not None
+    tied = model_for("tied").eval()  # its label matrix is E itself: nothing kept, no copy of E
+    tied.generate(ids[:1], max_new_tokens=2, do_sample=False)
+    assert tied.head._label_cache is None

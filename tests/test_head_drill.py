@@ -10,7 +10,7 @@ from label_encoder_checks import (
     check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
     max_log_prob_error, mean_kl,
 )
-from tiny import tiny_config, tiny_model
+from tiny import model_class, tiny_config, tiny_model, tiny_original
 
 TINY = {"depth": 2, "dropout": 0.3, "dropout_kind": "standard"}
 DIMS = HeadDims(vocab_size=99, embed_dim=32, hidden_dim=32, num_layers=2)
@@ -82,6 +82,32 @@ def test_locked_mask_is_one_row_shared_by_the_whole_vocabulary():
     torch.testing.assert_close(dropped[kept], (x * 2)[kept])  # inverted scaling by 1 / (1 - p)
 
 
+def test_fused_standard_dropout_equals_dropout_then_linear_and_keeps_a_byte_mask():
+    """Values and gradients equal `F.linear(dropout(x))` with the same mask (drawn from the
+    same generator state); saved for backward: x, W and a bool mask, never a float copy."""
+    x = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    layer = torch.nn.Linear(16, 16).double()
+    dropout = LabelDropout(0.3, "standard").train()
+    torch.manual_seed(0)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        fused = dropout.linear(x, layer)
+    assert sorted(str(t.dtype) for t in saved if t.numel() == x.numel()) == ["torch.bool", "torch.float64"]
+    fused_grads = torch.autograd.grad(fused.square().sum(), [x, layer.weight, layer.bias])
+    torch.manual_seed(0)
+    keep = torch.rand(x.shape) >= 0.3
+    assert 0 < keep.sum() < keep.numel()
+    reference = layer(x * keep / 0.7)
+    torch.testing.assert_close(fused, reference)
+    for got, want in zip(fused_grads, torch.autograd.grad(reference.square().sum(), [x, layer.weight, layer.bias])):
+        torch.testing.assert_close(got, want)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed precision: bf16 output, fp32 gradients
+        out = dropout.linear(x.float().detach().requires_grad_(), layer.float())
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert layer.weight.grad.dtype == torch.float32 and torch.isfinite(layer.weight.grad).all()
+
+
 def test_locked_mask_in_the_head_input_and_output_positions():
     """Input position (reference code): the first layer sees E with whole columns dropped.
     Output position (Eq. 12): f_1's output has whole columns dropped, so E^(1) - E does."""
@@ -103,11 +129,28 @@ def test_conversion_keeps_the_next_token_distribution(name, activation):
     exact, want, got = convert(name, "drill", {"depth": 2, "activation": activation})
     assert exact
     assert max_log_prob_error(want, got) < 1e-5
-    shift = got - want  # sigmoid(0) = 1/2 moves every logit of a position by sum(h) / 2
-    if activation == "sigmoid":
+    shift = got - want  # relu(1/sqrt(d)), sigmoid(0) = 1/2 move every logit of a position equally
+    if activation != "tanh":
         torch.testing.assert_close(shift, shift[..., :1].expand_as(shift), rtol=0, atol=1e-5)
     else:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "sigmoid"])
+def test_converted_tied_head_learns(activation):
+    """From a tied original the branches start at a constant; their weights must still get
+    gradients (relu at exactly 0 would give none, and the head would stay `tied` forever).
+    Layer 1 feeds layer 2 only through `U_2 = 0`, so it gets them from the second step on."""
+    original = tiny_original("gpt2")
+    model = model_class("gpt2").from_backbone(original, head_type="drill", head_options={"depth": 2, "activation": activation})
+    ids = decoder_inputs("gpt2")["input_ids"]
+    optimizer = torch.optim.SGD(model.head.parameters(), lr=1.0)
+    model.train()
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+    assert all(layer.weight.grad.abs().max() > 0 for layer in model.head.layers)
 
 
 def test_conversion_with_residual_to_previous_layer():
