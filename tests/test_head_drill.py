@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hf_outheads import HeadDims, OutHeadsConfig
-from hf_outheads.head_drill import DrillHead, DrillOptions, LabelDropout
+from hf_outheads.head_drill import DrillHead, DrillOptions, LabelDropout, keep_mask
 from label_encoder_checks import (
     check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
     max_log_prob_error, mean_kl,
@@ -95,9 +95,9 @@ def test_fused_standard_dropout_equals_dropout_then_linear_and_keeps_a_byte_mask
     assert sorted(str(t.dtype) for t in saved if t.numel() == x.numel()) == ["torch.bool", "torch.float64"]
     fused_grads = torch.autograd.grad(fused.square().sum(), [x, layer.weight, layer.bias])
     torch.manual_seed(0)
-    keep = torch.rand(x.shape) >= 0.3
-    assert 0 < keep.sum() < keep.numel()
-    reference = layer(x * keep / 0.7)
+    keep, p = keep_mask(x.shape, 0.3)
+    assert 0 < keep.sum() < keep.numel() and abs(p - 0.3) < 2**-16
+    reference = layer(x * keep / (1 - p))
     torch.testing.assert_close(fused, reference)
     for got, want in zip(fused_grads, torch.autograd.grad(reference.square().sum(), [x, layer.weight, layer.bias])):
         torch.testing.assert_close(got, want)
@@ -106,6 +106,20 @@ def test_fused_standard_dropout_equals_dropout_then_linear_and_keeps_a_byte_mask
     assert out.dtype == torch.bfloat16
     out.float().sum().backward()
     assert layer.weight.grad.dtype == torch.float32 and torch.isfinite(layer.weight.grad).all()
+
+
+def test_keep_mask_drops_each_element_independently_at_rate_p():
+    """Every 16-bit lane of the 64-bit draws is uniform (a lane that never drops, e.g. from a
+    sign bit always 0, would show), and neighbouring lanes are independent."""
+    torch.manual_seed(0)
+    keep, p = keep_mask(torch.Size([4096, 256]), 0.1)
+    dropped = ~keep
+    assert p == round(0.1 * 65536) / 65536
+    for lane in range(4):  # columns lane, lane + 4, ...: one lane of every 64-bit draw
+        assert abs(dropped[:, lane::4].float().mean().item() - p) < 3e-3
+    both = (dropped[:, 0::2] & dropped[:, 1::2]).float().mean().item()
+    assert abs(both - p * p) < 1e-3
+    assert keep_mask(torch.Size([7, 3]), 0.0)[0].all() and keep_mask(torch.Size([5]), 0.5)[0].shape == (5,)
 
 
 def test_locked_mask_in_the_head_input_and_output_positions():
