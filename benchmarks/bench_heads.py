@@ -12,7 +12,8 @@ Columns: `step` = one AdamW training step (forward with labels, backward, update
 K times tied's head (K = the mixture's component count, 1 for single-softmax heads);
 `step mem` = peak RSS during the step above the RSS before it (large allocations are
 forced to mmap so freed memory leaves RSS); `peak RSS` = the process's absolute peak;
-`gen tok/s` = greedy generation with KV cache, batch 1.
+`gen tok/s` = greedy generation with KV cache, batch 1 (median of `--gen-reps` calls of
+`--gen-tokens` new tokens after a 16-token prompt).
 
 Timings mean nothing on a busy machine: the script refuses to start when the 1-minute load
 average is above 0.5, unless `--allow-busy` is given (then the table says so).
@@ -55,7 +56,10 @@ def parse_args(argv=None):
     parser.add_argument("--vocab", default="32000", help="comma-separated vocabulary sizes")
     parser.add_argument("--positions", default="1024", help="comma-separated N = batch x sequence positions")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per case (median reported)")
-    parser.add_argument("--gen-tokens", type=int, default=32, help="tokens generated per generation repetition")
+    parser.add_argument("--gen-tokens", type=int, default=64, help="tokens generated per generation repetition")
+    parser.add_argument("--gen-reps", type=int, default=9,
+                        help="timed generations per case (median reported); a 64-token call takes a few tenths "
+                             "of a second, so one disturbance moves a median of 3")
     parser.add_argument("--no-generate", action="store_true", help="skip the generation measurement")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in each worker")
     parser.add_argument("--no-warmup", action="store_true",
@@ -128,7 +132,7 @@ def run_case(case: dict) -> dict:
         prompt, rates = ids[:1, :16], []
         with torch.no_grad():
             model.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up (and label-matrix cache)
-            for _ in range(case["reps"]):
+            for _ in range(case["gen_reps"]):
                 start = time.perf_counter()
                 model.generate(prompt, max_new_tokens=case["gen_tokens"], min_new_tokens=case["gen_tokens"],
                                do_sample=False)
@@ -217,7 +221,7 @@ def main(argv=None):
             for head in heads:
                 case = dict(head=head, vocab=vocab, positions=positions, reps=args.reps, threads=args.threads,
                             warmup=not args.no_warmup,
-                            gen_tokens=0 if args.no_generate else args.gen_tokens)
+                            gen_tokens=0 if args.no_generate else args.gen_tokens, gen_reps=args.gen_reps)
                 results[head] = measure(case)
             rows = table_rows(vocab, positions, results) + reference_notes(results)
             print("\n".join(rows), flush=True)
