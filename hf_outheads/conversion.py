@@ -77,6 +77,11 @@ def origin(pretrained, original: PreTrainedModel) -> str | None:
 
 def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwargs):
     original = load_original(pretrained, **kwargs)
+    if is_outheads(original) and head_type in (None, original.config.head_type) and not head_options:
+        if not isinstance(original, cls):
+            raise ValueError(f"{pretrained!r} is an {type(original).__name__}, not an {cls.__name__}: load it with "
+                             f"{type(original).__name__} (its task) instead.")
+        return original  # already this head (e.g. a trained `joint` model to fine-tune further): nothing to convert
     weight, bias = original_lm_head(original)
     source = original.backbone if is_outheads(original) else original
     embeddings = source.get_decoder().get_input_embeddings().weight

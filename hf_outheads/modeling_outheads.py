@@ -102,7 +102,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         """Wrap a pretrained transformers LM (Hub id, local path or loaded model) with a head.
 
         `head_type=None` keeps the original head's form (`tied` or `linear`), so the result
-        computes exactly the original logits. Other heads start from the original LM head
+        computes exactly the original logits; an `hf_outheads` model asked for its own head
+        (`None` or its `head_type`, no `head_options`) is returned as it is, whatever the head. Other heads start from the original LM head
         where their form allows it (see each head's `init_from_lm_head`).
         `kwargs` go to the original model's `from_pretrained` (e.g. `dtype`, `revision`).
         """

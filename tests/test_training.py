@@ -150,3 +150,17 @@ def test_head_comparison_trains_each_head_and_writes_the_table(tmp_path):
     assert [row["name"] for row in rows] == ["tied", "bilinear"]
     assert rows[0]["head_parameters"] < rows[1]["head_parameters"] and all(row["eval_perplexity"][0] > 1 for row in rows)
     assert (tmp_path / "out" / "curves.png").is_file() and (tmp_path / "out" / "bilinear" / "seed42" / "README.md").is_file()
+
+
+def test_reevaluate_reproduces_the_final_evaluation_of_a_saved_run(seq2seq_run):
+    """training/reevaluate.py loads the saved model as it is (no conversion) with the run's
+    own data options: with no new options it reproduces the run's final evaluation."""
+    from training.reevaluate import reevaluate
+
+    out, _ = seq2seq_run
+    again = reevaluate(out, [], config=out.parent / "run.yaml")
+    final = json.loads((out / "eval_results.json").read_text())
+    assert again["eval_generated"] == final["eval_generated"] == N_PAIRS
+    for key in ("eval_perplexity", "eval_sacrebleu", "eval_chrf"):
+        assert again[key] == pytest.approx(final[key], rel=1e-6), key
+    assert (out / "eval_results_again.json").is_file()
