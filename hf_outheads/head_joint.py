@@ -23,9 +23,10 @@ Departures from paper / reference code (idiap/joint-embedding-nmt):
   uniform(-0.1, 0.1), `init="uniform"`) trained to a much worse model, and tanh started at the
   identity stalled near the unigram distribution: tanh bounds `g_in(h)`, which replaces the
   backbone's unbounded final-norm state. Output bias zero.
-  `map_scale` (default 0.01, measured): U and V are stored as `base I + map_scale A`
-  (`scaled_map.py`), so they learn `map_scale` times slower than the backbone under Adam;
-  learned at the backbone's rate they made the head worse than `tied`. The paper's plain
+  `map_scale`: U and V are stored as `base I + map_scale A` (`scaled_map.py`), so they learn
+  `map_scale` times slower than the backbone under Adam. Unset, it is 0.01 from scratch
+  (at the backbone's rate the maps made the head worse than `tied`) and 1 when converted
+  from a trained head (then better than `tied`), both measured. The paper's plain
   parameters are `map_scale: 1`.
 """
 
@@ -53,7 +54,8 @@ class JointOptions(MapOptions):
     in by `resolve`, so a saved config states it); activation: identity (default, measured)
     / tanh (paper) / sigmoid / relu; form: both / output / context / bilinear (Table 3);
     init: identity (default, starts as `tied`) / uniform (reference code); map_scale: how far a
-    step of the stored parameters moves U and V (1: the plain form)."""
+    step of the stored parameters moves U and V (1: the plain form; None: 0.01 from scratch,
+    1 when converted)."""
 
     head_type: ClassVar[str] = "joint"
 
@@ -62,6 +64,7 @@ class JointOptions(MapOptions):
     form: str = choice("both", FORMS)
 
     def complete(self, dims: HeadDims) -> None:
+        super().complete(dims)
         d, d_h = ("d", dims.embed_dim), ("d_h", dims.hidden_dim)
         needed = {"output": d_h, "context": d, "bilinear": d}  # forms with one projection fix d_j
         if self.joint_dim is None:

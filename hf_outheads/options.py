@@ -117,10 +117,12 @@ def integer(default: int | None, minimum: int, optional: bool = False) -> Any:
     return _declare(default, Spec("int", low=minimum, optional=optional))
 
 
-def number(default: float, low: float | None = None, high: float | None = None, open_low: bool = False,
-           open_high: bool = False) -> Any:
-    """A real-valued field in `[low, high]` (ints accepted; `open_*` exclude a bound)."""
-    return _declare(default, Spec("number", low=low, high=high, open_low=open_low, open_high=open_high))
+def number(default: float | None, low: float | None = None, high: float | None = None, open_low: bool = False,
+           open_high: bool = False, optional: bool = False) -> Any:
+    """A real-valued field in `[low, high]` (ints accepted; `open_*` exclude a bound; None allowed
+    when `optional`)."""
+    return _declare(default, Spec("number", low=low, high=high, open_low=open_low, open_high=open_high,
+                                  optional=optional))
 
 
 def probability(default: float) -> Any:
@@ -155,6 +157,18 @@ class HeadOptions:
     papers' defaults (`integer`, `number`, `choice`, ...) and may override `complete`."""
 
     head_type: ClassVar[str] = "head"
+    # values of optional fields for a head started from a trained LM head (`from_backbone`),
+    # where they differ from the from-scratch ones `complete` fills in
+    conversion_defaults: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def for_conversion(cls, options: dict[str, Any] | None) -> dict[str, Any]:
+        """`options` with `conversion_defaults` for the fields it leaves unset (missing or None)."""
+        options = dict(options or {})
+        for name, value in cls.conversion_defaults.items():
+            if options.get(name) is None:
+                options[name] = value
+        return options
 
     @classmethod
     def from_dict(cls, options: dict[str, Any] | None) -> "HeadOptions":
