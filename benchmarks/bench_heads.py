@@ -13,7 +13,9 @@ K times tied's head (K = the mixture's component count, 1 for single-softmax hea
 `step mem` = peak RSS during the step above the RSS before it (large allocations are
 forced to mmap so freed memory leaves RSS); `peak RSS` = the process's absolute peak;
 `gen tok/s` = greedy generation with KV cache, batch 1 (median of `--gen-reps` calls of
-`--gen-tokens` new tokens after a 16-token prompt).
+`--gen-tokens` new tokens after a 16-token prompt); `gen vs tied` = the same against a `tied`
+model timed in the same worker, alternating calls with it (not across workers: a 64-token
+call is short enough for the machine's slower and faster spells to move it by 10-20%).
 
 Timings mean nothing on a busy machine: the script refuses to start when the 1-minute load
 average is above 0.5, unless `--allow-busy` is given (then the table says so).
@@ -128,17 +130,27 @@ def run_case(case: dict) -> dict:
         times.append(time.perf_counter() - start)
     result = {"step_s": statistics.median(times), "step_mb": rss_mb("VmHWM") - before, "peak_mb": rss_mb("VmHWM")}
     if case["gen_tokens"]:
-        model.eval()
-        prompt, rates = ids[:1, :16], []
-        with torch.no_grad():
-            model.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up (and label-matrix cache)
-            for _ in range(case["gen_reps"]):
-                start = time.perf_counter()
-                model.generate(prompt, max_new_tokens=case["gen_tokens"], min_new_tokens=case["gen_tokens"],
-                               do_sample=False)
-                rates.append(case["gen_tokens"] / (time.perf_counter() - start))
-        result["gen_tok_s"] = statistics.median(rates)
+        result.update(generation_rates(model, build_model("tied", case["vocab"]), ids[:1, :16], case))
     return result
+
+
+def generation_rates(model, tied, prompt, case: dict) -> dict:
+    """Greedy tokens/s of `model`, and its ratio to `tied` timed in the same process, the two
+    calls alternating, so that a slower or faster spell of the machine moves both alike."""
+    import torch
+
+    times = {"model": [], "tied": []}
+    with torch.no_grad():
+        for which in (model.eval(), tied.eval()):
+            which.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up (and label-matrix cache)
+        for _ in range(case["gen_reps"]):
+            for name, which in (("model", model), ("tied", tied)):
+                start = time.perf_counter()
+                which.generate(prompt, max_new_tokens=case["gen_tokens"], min_new_tokens=case["gen_tokens"],
+                               do_sample=False)
+                times[name].append(time.perf_counter() - start)
+    model_s, tied_s = statistics.median(times["model"]), statistics.median(times["tied"])
+    return {"gen_tok_s": case["gen_tokens"] / model_s, "gen_vs_tied": tied_s / model_s}
 
 
 def measure(case: dict) -> dict:
@@ -170,7 +182,7 @@ def table_rows(vocab: int, positions: int, results: dict[str, dict]) -> list[str
         if "error" in r:
             rows.append(f"| {vocab} | {positions} | {head} | error: {r['error']} | | | | | | | |")
             continue
-        gen = (f"{r['gen_tok_s']:.1f} | {r['gen_tok_s'] / base['gen_tok_s']:.2f}x" if "gen_tok_s" in r else "- | -")
+        gen = f"{r['gen_tok_s']:.1f} | {r['gen_vs_tied']:.2f}x" if "gen_tok_s" in r else "- | -"
         rows.append(
             f"| {vocab} | {positions} | {head} | {r['step_s']:.3f} | {r['step_s'] / base['step_s']:.2f}x | "
             f"{floor_ratio(head, r, results)} | {r['step_mb']:.0f} | {r['step_mb'] / max(base['step_mb'], 1):.2f}x | "

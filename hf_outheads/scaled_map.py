@@ -69,7 +69,14 @@ class ScaledMap(nn.Module):
         return weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.effective_weight(), self.bias)
+        """`scale * (A x) + base * (I x) + b`: elementwise work on x's rows, not on a d x d
+        weight and identity rebuilt per call (which a one-position generation step notices)."""
+        out = F.linear(x, self.weight) * self.scale
+        if self.base:
+            out_dim, in_dim = self.weight.shape
+            identity = x[..., :out_dim] if out_dim <= in_dim else F.pad(x, (0, out_dim - in_dim))
+            out = out + self.base * identity
+        return out if self.bias is None else out + self.bias
 
     def reset(self) -> None:
         """Identity init: `W = base I` (`A = 0`), bias 0. Reference init (`base = 0`): every

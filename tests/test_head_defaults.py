@@ -112,3 +112,27 @@ def test_map_scale_left_unset_is_001_from_scratch_and_1_when_converted(head_type
         assert model.config.head_options["map_scale"] == want
         assert getattr(model.head, attr).scale == want
     assert scratch(head_type, map_scale=0.5).config.head_options["map_scale"] == 0.5
+
+
+@pytest.mark.parametrize("in_dim, out_dim", [(8, 8), (8, 5), (5, 8)])
+@pytest.mark.parametrize("init", ["identity", "uniform"])
+def test_a_scaled_map_computes_its_effective_linear_map(in_dim, out_dim, init):
+    """`forward` never builds `base I + scale A`; it must equal `F.linear` with it, for
+    square and semi-identity shapes (gradients included)."""
+    from hf_outheads.head_joint import JointOptions
+    from hf_outheads.scaled_map import ScaledMap
+
+    torch.manual_seed(0)
+    layer = ScaledMap(in_dim, out_dim, True, JointOptions(init=init, map_scale=0.1), gain=2.0)
+    layer.reset()
+    with torch.no_grad():
+        layer.weight.normal_()
+        layer.bias.normal_()
+    x = torch.randn(3, 4, in_dim, dtype=torch.float64, requires_grad=True)
+    layer.double()
+    got = layer(x)
+    want = torch.nn.functional.linear(x, layer.effective_weight(), layer.bias)
+    torch.testing.assert_close(got, want)
+    grads = torch.autograd.grad(got.square().sum(), [x, layer.weight, layer.bias])
+    for g, w in zip(grads, torch.autograd.grad(want.square().sum(), [x, layer.weight, layer.bias])):
+        torch.testing.assert_close(g, w)
