@@ -101,10 +101,9 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
     def from_backbone(cls, pretrained, head_type: str | None = None, head_options: dict | None = None, **kwargs):
         """Wrap a pretrained transformers LM (Hub id, local path or loaded model) with a head.
 
-        `head_type=None` keeps the original head's form (`tied` or `linear`), so the result
-        computes exactly the original logits; an `hf_outheads` model asked for its own head
-        (`None` or its `head_type`, no `head_options`) is returned as it is, whatever the head. Other heads start from the original LM head
-        where their form allows it (see each head's `init_from_lm_head`).
+        `head_type=None` keeps the original head's form (`tied`, `linear`; an `hf_outheads` model
+        is returned as it is), so the logits are exactly the original's. Other heads start from
+        the original LM head where their form allows it (see each head's `init_from_lm_head`).
         `kwargs` go to the original model's `from_pretrained` (e.g. `dtype`, `revision`).
         """
         from .conversion import convert_pretrained

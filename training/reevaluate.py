@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` impor
 
 import yaml
 
+from training import train
 from training.compare_heads import markdown_table, summarise
 from training.tracking import RESULTS_FILE
 
@@ -29,14 +30,14 @@ EVALUATED = ("eval_loss", "eval_perplexity", "eval_sacrebleu", "eval_chrf", "eva
 def reevaluate(run_dir: Path, overrides: list[str], config: Path | None = None) -> dict:
     """The run's final evaluation redone with `overrides` (train.py flags): a dict as
     `eval_results.json`'s, its metrics replaced."""
-    from training import train
-
     tag = "_".join(a.lstrip("-") for a in overrides) or "again"
     saved = run_dir / f"eval_results_{tag}.json"
     if not saved.exists():
         with tempfile.TemporaryDirectory() as scratch:
-            options = train.parse_args(["--config", str(config or run_dir / "train_config.yaml"), "--pretrained",
-                                        str(run_dir), "--model_preset", "null", "--head_type", "null", "--head_options", "{}", "--tokenizer", str(run_dir),
+            # the saved model as it is (no preset, no conversion), its own tokenizer, the run's data options
+            as_saved = ["--pretrained", str(run_dir), "--model_preset", "null", "--head_type", "null",
+                        "--head_options", "{}", "--tokenizer", str(run_dir)]
+            options = train.parse_args(["--config", str(config or run_dir / "train_config.yaml"), *as_saved,
                                         "--output_dir", scratch, "--resume", "never", *overrides])
             run = train.prepare_run(options)
             results = train.evaluate_all(run.accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
