@@ -16,6 +16,7 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
 import hf_outheads  # noqa: F401  (registers the Auto classes)
+from subprocess_runs import run
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def launch(config: dict, tmp_path: Path, *overrides: str, launch_args=ONE_PROCES
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, str(TRAIN), "--config", str(path), *overrides]
-    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = run(command, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
 
@@ -142,7 +143,7 @@ def test_head_comparison_trains_each_head_and_writes_the_table(tmp_path):
     config.write_text(yaml.safe_dump({**TINY_LM, "max_train_samples": 40, "max_steps": 2, "eval_steps": 1,
                                       "head_options_by_head": {"bilinear": {}}, "output_dir": str(tmp_path / "out")}))
     command = [sys.executable, str(ROOT / "training" / "compare_heads.py"), "--config", str(config), "--heads", "tied,bilinear"]
-    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = run(command, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = (tmp_path / "out" / "results.md").read_text()
     assert table.startswith("Command: `python ") and "| tied |" in table and "| bilinear |" in table

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +16,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+import subprocess_runs
 from tiny import tiny_config
 from training import checkpoints
 from training.evaluation import evaluate_perplexity
@@ -163,7 +163,7 @@ def launch(tmp_path, launch_args, name, **overrides):
     command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "training" / "train.py"),
                "--config", str(config)]
-    done = subprocess.run(command, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = subprocess_runs.run(command, env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     start = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
     return start, done.stderr
@@ -182,3 +182,21 @@ def test_a_launch_that_gets_fewer_processes_than_asked_warns(tmp_path):
     start, stderr = launch(tmp_path, ["--num_processes", "2"], "fewer", max_steps=1, max_train_samples=20)
     assert start["num_processes"] == 1
     assert "The launch asked for 2 processes but this run has 1" in stderr and "--multi_gpu" in stderr
+
+
+def test_a_hung_run_fails_with_the_stacks_of_its_processes_and_leaves_none_behind():
+    """The launcher starts a worker in a session of its own (as torchrun does) and both hang."""
+    worker = "import time; time.sleep(600.125)"  # a marker no other process has
+    launcher = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', %r], start_new_session=True); "
+                "time.sleep(600)" % worker)
+    with pytest.raises(pytest.fail.Exception) as failure:
+        subprocess_runs.run([sys.executable, "-c", launcher], timeout=3, grace=2)
+    message = str(failure.value)
+    assert "still ran after 3 s" in message and message.count("Current thread") >= 2, message  # both stacks
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            left += [cmdline] if b"600.125" in cmdline.read_bytes() else []
+        except OSError:
+            pass
+    assert not left
