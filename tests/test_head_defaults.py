@@ -114,6 +114,17 @@ def test_map_scale_left_unset_is_001_from_scratch_and_1_when_converted(head_type
     assert scratch(head_type, map_scale=0.5).config.head_options["map_scale"] == 0.5
 
 
+def test_drill_dropout_left_unset_is_01_from_scratch_and_0_when_converted():
+    """Measured: a converted drill fine-tunes better without its label-encoder dropout."""
+    from tiny import model_class, tiny_original
+
+    assert scratch("drill").config.head_options["dropout"] == 0.1
+    cls = model_class("gpt2")
+    for given, want in (({}, 0.0), ({"dropout": None}, 0.0), ({"dropout": 0.2}, 0.2)):
+        model = cls.from_backbone(tiny_original("gpt2"), head_type="drill", head_options=given)
+        assert model.config.head_options["dropout"] == want and model.head.dropout.p == want
+
+
 @pytest.mark.parametrize("in_dim, out_dim", [(8, 8), (8, 5), (5, 8)])
 @pytest.mark.parametrize("init", ["identity", "uniform"])
 def test_a_scaled_map_computes_its_effective_linear_map(in_dim, out_dim, init):
