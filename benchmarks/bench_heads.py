@@ -8,14 +8,15 @@ figures are medians over `--reps` repetitions, measured side by side in one run.
     python benchmarks/bench_heads.py --vocab 32000,50257,128000 --positions 1024,4096
 
 Columns: `step` = one AdamW training step (forward with labels, backward, update);
-`vs floor` = step over its floor `backbone + K x (tied - backbone)`, the backbone's step plus
+`step vs tied` = the same against a `tied` model's step timed in the same worker, the two
+alternating (as `gen vs tied` below); `vs floor` = step over its floor `backbone + K x (tied - backbone)`, the backbone's step plus
 K times tied's head (K = the mixture's component count, 1 for single-softmax heads);
 `step mem` = peak RSS during the step above the RSS before it (large allocations are
 forced to mmap so freed memory leaves RSS); `peak RSS` = the process's absolute peak;
 `gen tok/s` = greedy generation with KV cache, batch 1 (median of `--gen-reps` calls of
-`--gen-tokens` new tokens after a 16-token prompt); `gen vs tied` = the same against a `tied`
-model timed in the same worker, alternating calls with it (not across workers: a 64-token
-call is short enough for the machine's slower and faster spells to move it by 10-20%).
+`--gen-tokens` new tokens after a 16-token prompt); `gen vs tied` = the same against the
+`tied` model, alternating calls with it. Ratios are never taken across workers: between
+them the machine's slower and faster spells moved a step or a 64-token call by 10-20%.
 
 Timings mean nothing on a busy machine: the script refuses to start when the 1-minute load
 average is above 0.5, unless `--allow-busy` is given (then the table says so).
@@ -101,17 +102,14 @@ def build_model(head: str, vocab: int):
     return model
 
 
-def run_case(case: dict) -> dict:
+def training_step(model, ids, backbone_only: bool = False):
+    """One AdamW step (forward with labels, backward, update) of `model` on `ids`."""
     import torch
 
-    torch.set_num_threads(case["threads"])
-    model = build_model(case["head"], case["vocab"])
-    batch = case["positions"] // SEQ_LEN
-    ids = torch.randint(3, case["vocab"], (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
-        if case["head"] == "backbone":
+        if backbone_only:
             model.backbone(input_ids=ids).last_hidden_state.float().square().mean().backward()
         else:
             model(input_ids=ids, labels=ids).loss.backward()
@@ -119,19 +117,47 @@ def run_case(case: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     model.train()
+    return step
+
+
+def run_case(case: dict) -> dict:
+    """Step memory of the case's model alone, then its step time alternating with a `tied`
+    model's in this process (`step_vs_tied`), then generation likewise."""
+    import torch
+
+    torch.set_num_threads(case["threads"])
+    model = build_model(case["head"], case["vocab"])
+    batch = case["positions"] // SEQ_LEN
+    ids = torch.randint(3, case["vocab"], (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    step = training_step(model, ids, backbone_only=case["head"] == "backbone")
     if case["warmup"]:
         step()  # warm-up: allocates optimizer state
-    times, before = [], rss_mb("VmRSS")
+    before = rss_mb("VmRSS")
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # reset the peak-RSS counter
-    for _ in range(case["reps"]):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    result = {"step_s": statistics.median(times), "step_mb": rss_mb("VmHWM") - before, "peak_mb": rss_mb("VmHWM")}
+    step()
+    result = {"step_mb": rss_mb("VmHWM") - before, "peak_mb": rss_mb("VmHWM")}
+    tied = build_model("tied", case["vocab"])
+    result.update(paired_times({"model": step, "tied": training_step(tied, ids)}, case["reps"]))
     if case["gen_tokens"]:
-        result.update(generation_rates(model, build_model("tied", case["vocab"]), ids[:1, :16], case))
+        result.update(generation_rates(model, tied, ids[:1, :16], case))
     return result
+
+
+def paired_times(calls: dict, reps: int) -> dict:
+    """Median seconds of `calls["model"]` (already run once), and `step_vs_tied`: its median over
+    `calls["tied"]`'s (run once first), the two alternating in the order model, tied, tied,
+    model, ... so that a slower or faster spell of the machine, and whatever the call before
+    leaves behind, moves both alike."""
+    calls["tied"]()
+    times = {name: [] for name in calls}
+    for rep in range(reps):
+        for name, call in list(calls.items())[:: 1 if rep % 2 == 0 else -1]:
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    model_s, tied_s = statistics.median(times["model"]), statistics.median(times["tied"])
+    return {"step_s": model_s, "step_vs_tied": model_s / tied_s}
 
 
 def generation_rates(model, tied, prompt, case: dict) -> dict:
@@ -184,7 +210,7 @@ def table_rows(vocab: int, positions: int, results: dict[str, dict]) -> list[str
             continue
         gen = f"{r['gen_tok_s']:.1f} | {r['gen_vs_tied']:.2f}x" if "gen_tok_s" in r else "- | -"
         rows.append(
-            f"| {vocab} | {positions} | {head} | {r['step_s']:.3f} | {r['step_s'] / base['step_s']:.2f}x | "
+            f"| {vocab} | {positions} | {head} | {r['step_s']:.3f} | {r['step_vs_tied']:.2f}x | "
             f"{floor_ratio(head, r, results)} | {r['step_mb']:.0f} | {r['step_mb'] / max(base['step_mb'], 1):.2f}x | "
             f"{r['peak_mb']:.0f} | {gen} |"
         )
