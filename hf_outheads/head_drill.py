@@ -49,15 +49,14 @@ ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
 SLOPE_AT_ZERO = {"sigmoid": 0.25, "relu": 1.0, "tanh": 1.0}  # act(x) ~ act(0) + slope * x
 DROPOUT_KINDS = ("locked", "standard")
 DROPOUT_POSITIONS = ("input", "output")
-SCRATCH_DROPOUT = 0.1  # dropout of a head trained from scratch (training/results/ablations_stdlib_lm.md)
 
 
 @dataclass
 class DrillOptions(SoftmaxOptions):
     """depth: k label-encoder layers (0 = `tied`); activation: relu / sigmoid / tanh;
-    dropout: rate between layers (None: 0.1 from scratch, 0 when converted); dropout_kind: "locked" (variational: one `(1, d)` mask
-    shared by every vocabulary row, per layer and forward) or "standard" (fresh elementwise
-    mask over `|V| x d`); dropout_position: "input" (reference code) or "output" (Eq. 12);
+    dropout: rate between layers (None: 0.1 from scratch, 0 when converted); dropout_kind:
+    "locked" (variational: one `(1, d)` mask shared by every vocabulary row, per layer and
+    forward) or "standard" (fresh elementwise mask over `|V| x d`); dropout_position: "input" (reference code) or "output" (Eq. 12);
     residual_previous: also add `E^(i-1)` (Eq. 10; the paper found it hurt at k=4)."""
 
     head_type: ClassVar[str] = "drill"
@@ -68,11 +67,10 @@ class DrillOptions(SoftmaxOptions):
     dropout_kind: str = choice("standard", DROPOUT_KINDS)
     dropout_position: str = choice("input", DROPOUT_POSITIONS)
     residual_previous: bool = flag(False)
-    conversion_defaults: ClassVar[dict] = {"dropout": 0.0}
+    scratch_defaults: ClassVar[dict] = {"dropout": 0.1}  # training/results/ablations_stdlib_lm.md
+    conversion_defaults: ClassVar[dict] = {"dropout": 0.0}  # training/results/ablations_finetune.md
 
     def complete(self, dims: HeadDims) -> None:
-        if self.dropout is None:
-            self.dropout = SCRATCH_DROPOUT
         require_tied_width("drill", dims, "scores E^(k) h with a residual to E in every layer",
                            "'joint' (any d_j) or 'bilinear'")
 

@@ -157,8 +157,10 @@ class HeadOptions:
     papers' defaults (`integer`, `number`, `choice`, ...) and may override `complete`."""
 
     head_type: ClassVar[str] = "head"
-    # values of optional fields for a head started from a trained LM head (`from_backbone`),
-    # where they differ from the from-scratch ones `complete` fills in
+    # values of optional fields left unset (None): `scratch_defaults` for a head trained from
+    # scratch (filled in by `resolve`), `conversion_defaults` for one started from a trained LM
+    # head (`from_backbone`, `for_conversion`), where the two differ by measurement
+    scratch_defaults: ClassVar[dict[str, Any]] = {}
     conversion_defaults: ClassVar[dict[str, Any]] = {}
 
     @classmethod
@@ -184,11 +186,14 @@ class HeadOptions:
         return cls(**options)
 
     def resolve(self, dims: HeadDims) -> "HeadOptions":
-        """A complete, checked copy: every field against its declaration, then `complete(dims)`."""
+        """A complete, checked copy: unset fields from `scratch_defaults`, every field against its
+        declaration, then `complete(dims)`."""
         values = {}
         for f in dataclasses.fields(self):
             spec = f.metadata.get("spec")
             value = getattr(self, f.name)
+            if value is None:
+                value = self.scratch_defaults.get(f.name)
             values[f.name] = spec.check(self.head_type, f.name, value) if spec is not None else value
         resolved = dataclasses.replace(self, **values)
         resolved.complete(dims)

@@ -28,12 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadDims, choice, number
+from .options import choice, number
 from .softmax import SoftmaxOptions
 
 INITS = ("identity", "uniform")
 REFERENCE_BOUND = 0.1  # the reference codes' init: every parameter uniform(-0.1, 0.1)
-SCRATCH_MAP_SCALE = 0.01  # map_scale of a head trained from scratch (training/results/ablations_stdlib_lm.md)
 
 
 @dataclass
@@ -45,11 +44,8 @@ class MapOptions(SoftmaxOptions):
 
     init: str = choice("identity", INITS)
     map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
-    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
-
-    def complete(self, dims: HeadDims) -> None:
-        if self.map_scale is None:
-            self.map_scale = SCRATCH_MAP_SCALE
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # training/results/ablations_stdlib_lm.md
+    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}  # training/results/ablations_finetune.md
 
 
 class ScaledMap(nn.Module):
