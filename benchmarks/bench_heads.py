@@ -9,8 +9,9 @@ figures are medians over `--reps` repetitions, measured side by side in one run.
 
 Columns: `step` = one AdamW training step (forward with labels, backward, update);
 `step vs tied` = the same against a `tied` model's step timed in the same worker, the two
-alternating (as `gen vs tied` below); `vs floor` = step over its floor `backbone + K x (tied - backbone)`, the backbone's step plus
-K times tied's head (K = the mixture's component count, 1 for single-softmax heads);
+alternating (as `gen vs tied` below); `vs floor` = step over its floor
+`backbone + K x (tied - backbone)`, the backbone's step plus K times tied's head (K = the
+mixture's component count, 1 for single-softmax heads);
 `step mem` = peak RSS during the step above the RSS before it (large allocations are
 forced to mmap so freed memory leaves RSS); `peak RSS` = the process's absolute peak;
 `gen tok/s` = greedy generation with KV cache, batch 1 (median of `--gen-reps` calls of
@@ -144,38 +145,38 @@ def run_case(case: dict) -> dict:
     return result
 
 
-def paired_times(calls: dict, reps: int) -> dict:
-    """Median seconds of `calls["model"]` (already run once), and `step_vs_tied`: its median over
-    `calls["tied"]`'s (run once first), the two alternating in the order model, tied, tied,
-    model, ... so that a slower or faster spell of the machine, and whatever the call before
-    leaves behind, moves both alike."""
-    calls["tied"]()
+def paired_medians(calls: dict, reps: int) -> tuple[float, float]:
+    """Median seconds of `calls["model"]` and of `calls["tied"]`, each warmed up, timed
+    alternating in the order model, tied, tied, model, ... so that a slower or faster spell of
+    the machine, and whatever the call before leaves behind, moves both alike."""
     times = {name: [] for name in calls}
     for rep in range(reps):
         for name, call in list(calls.items())[:: 1 if rep % 2 == 0 else -1]:
             start = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - start)
-    model_s, tied_s = statistics.median(times["model"]), statistics.median(times["tied"])
+    return statistics.median(times["model"]), statistics.median(times["tied"])
+
+
+def paired_times(calls: dict, reps: int) -> dict:
+    """`step_s` of `calls["model"]` (already run once) and `step_vs_tied`, `calls["tied"]` run once first."""
+    calls["tied"]()
+    model_s, tied_s = paired_medians(calls, reps)
     return {"step_s": model_s, "step_vs_tied": model_s / tied_s}
 
 
 def generation_rates(model, tied, prompt, case: dict) -> dict:
-    """Greedy tokens/s of `model`, and its ratio to `tied` timed in the same process, the two
-    calls alternating, so that a slower or faster spell of the machine moves both alike."""
+    """Greedy tokens/s of `model`, and its ratio to `tied`, timed as `paired_medians`."""
     import torch
 
-    times = {"model": [], "tied": []}
+    def generate(which, tokens: int):
+        return lambda: which.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+
     with torch.no_grad():
         for which in (model.eval(), tied.eval()):
-            which.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up (and label-matrix cache)
-        for _ in range(case["gen_reps"]):
-            for name, which in (("model", model), ("tied", tied)):
-                start = time.perf_counter()
-                which.generate(prompt, max_new_tokens=case["gen_tokens"], min_new_tokens=case["gen_tokens"],
-                               do_sample=False)
-                times[name].append(time.perf_counter() - start)
-    model_s, tied_s = statistics.median(times["model"]), statistics.median(times["tied"])
+            generate(which, 4)()  # warm-up (and label-matrix cache)
+        calls = {"model": generate(model, case["gen_tokens"]), "tied": generate(tied, case["gen_tokens"])}
+        model_s, tied_s = paired_medians(calls, case["gen_reps"])
     return {"gen_tok_s": case["gen_tokens"] / model_s, "gen_vs_tied": tied_s / model_s}
 
 
