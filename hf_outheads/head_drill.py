@@ -25,10 +25,11 @@ Departures from paper / reference code (idiap/drill):
   PyTorch's Linear default, which the reference code keeps.
 - `E^(k)` is computed once per forward (never per position), and kept across `generate` calls
   while E and the weights hold the same values (`softmax.py`).
-- Standard dropout on a layer's input is fused with the layer (`_DroppedLinear`): backward
-  keeps a one-byte mask and the undropped input (E itself at layer 1), not a dropped copy
-  and a float mask (depth 2, relu: 3.5 saved `|V| x d` matrices instead of 6). Its mask takes
-  16 random bits per element (`keep_mask`), so the rate is `p` rounded to a multiple of 2^-16.
+- A layer with dropout on its input (standard or locked) is one autograd node
+  (`_ResidualLayer`): activation and residual add in place, backward keeps the dropped input
+  and one-byte masks (depth 2, relu: 3 saved `|V| x d` matrices instead of 3.5), and a
+  locked mask scales W's columns instead of E's. Its standard mask takes 16 random bits per
+  element (`keep_mask`), so the rate is `p` rounded to a multiple of 2^-16.
 """
 
 from __future__ import annotations
@@ -87,32 +88,62 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -
     return lanes >= drops - 32768, drops / 65536
 
 
-class _DroppedLinear(torch.autograd.Function):
-    """`F.linear(dropout(x), W, b)` with standard (inverted) dropout, saving for backward `x`
-    and a one-byte keep mask instead of the dropped copy and a float mask: for the first
-    layer `x` is E itself, so the layer keeps a quarter of a `|V| x d` matrix, not two."""
+# In place on the layer's output, and the derivative from the activated value: relu keeps a
+# one-byte mask, as autograd's own relu would keep the float output.
+IN_PLACE = {"relu": (torch.Tensor.relu_, lambda y: y > 0),
+            "sigmoid": (torch.Tensor.sigmoid_, lambda y: y * (1 - y)),
+            "tanh": (torch.Tensor.tanh_, lambda y: 1 - y * y)}
+
+
+class _ResidualLayer(torch.autograd.Function):
+    """`act(drop(x) W^T + b) + E` (Eq. 9, 10; dropout on the layer's input, standard inverted
+    dropout at rate p) as one autograd node. The activation and the residual add work in
+    place on the layer's output, and backward saves the dropped input, a one-byte keep mask
+    and the activation's derivative (one byte for relu): two fresh `|V| x d` matrices per layer
+    in forward and two in backward instead of four and five. On a CPU each fresh one costs
+    its page faults (allocations that large are mmap'd), more than the arithmetic on it.
+    When x is E itself (the first layer), its two gradients are summed in place."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, p):
-        keep, p = keep_mask(x.shape, p, x.device)
-        scale = 1.0 / (1.0 - p)  # applied to the d x d weight, not to the |V| x d input
-        ctx.save_for_backward(x, weight, keep)
-        ctx.scale = scale
-        return F.linear(torch.where(keep, x, 0.0), weight * scale, bias)
+    def forward(ctx, x, weight, bias, embeddings, p, activation):
+        keep, scale, dropped = None, 1.0, x
+        if p > 0.0:
+            keep, p = keep_mask(x.shape, p, x.device)
+            dropped, scale = torch.where(keep, x, 0.0), 1.0 / (1.0 - p)  # scale goes on the d x d weight
+        out = F.linear(dropped, weight * scale if keep is not None else weight, bias)
+        act_, derivative = IN_PLACE[activation]
+        act_(out)
+        slope = derivative(out) if any(ctx.needs_input_grad) else None
+        if out.dtype != embeddings.dtype:  # autocast: add E at the wider precision, as autograd would
+            out = out.to(torch.promote_types(out.dtype, embeddings.dtype))
+        out.add_(embeddings)
+        ctx.save_for_backward(dropped, weight, keep, slope)
+        ctx.scale, ctx.x_is_embeddings = scale, x is embeddings
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, keep = ctx.saved_tensors
+        dropped, weight, keep, slope = ctx.saved_tensors
+        residual_grad = grad
+        grad = torch.where(slope, grad, 0.0) if slope.dtype == torch.bool else grad * slope
         grad = grad.to(weight.dtype)  # bf16 under autocast; the saved tensors keep their dtype
-        grad_x = grad_weight = grad_bias = None
+        grad_x = grad_weight = grad_bias = grad_embeddings = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.where(keep, grad @ (weight * ctx.scale), 0.0).to(x.dtype)
+            grad_x = grad @ (weight * ctx.scale) if keep is not None else grad @ weight
+            if keep is not None:
+                torch.where(keep, grad_x, grad_x.new_zeros(()), out=grad_x)
+            grad_x = grad_x.to(dropped.dtype)
         if ctx.needs_input_grad[1]:
-            dropped = torch.where(keep, x.to(weight.dtype), 0.0).flatten(0, -2)
-            grad_weight = (grad.flatten(0, -2).T @ dropped).mul_(ctx.scale)
+            grad_weight = grad.flatten(0, -2).T @ dropped.to(grad.dtype).flatten(0, -2)
+            if keep is not None:
+                grad_weight.mul_(ctx.scale)
         if ctx.needs_input_grad[2]:
             grad_bias = grad.flatten(0, -2).sum(0)
-        return grad_x, grad_weight, grad_bias, None
+        if ctx.needs_input_grad[3]:
+            grad_embeddings = residual_grad
+            if ctx.x_is_embeddings and grad_x is not None:
+                grad_x, grad_embeddings = grad_x.add_(residual_grad), None
+        return grad_x, grad_weight, grad_bias, grad_embeddings, None, None
 
 
 class LabelDropout(nn.Module):
@@ -124,19 +155,29 @@ class LabelDropout(nn.Module):
         super().__init__()
         self.p, self.kind = p, kind
 
+    def active(self) -> bool:
+        return self.training and self.p > 0.0
+
+    def column_mask(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(1, x.shape[-1]).bernoulli_(1.0 - self.p) / (1.0 - self.p)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
+        if not self.active():
             return x
         if self.kind == "standard":
             return F.dropout(x, self.p, training=True)
-        mask = x.new_empty(1, x.shape[-1]).bernoulli_(1.0 - self.p) / (1.0 - self.p)
-        return x * mask
+        return x * self.column_mask(x)
 
-    def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-        """`layer(self(x))`; standard dropout in training is fused with the layer (`_DroppedLinear`)."""
-        if self.training and self.p > 0.0 and self.kind == "standard":
-            return _DroppedLinear.apply(x, layer.weight, layer.bias, self.p)
-        return layer(self(x))
+    def residual_layer(self, x: torch.Tensor, layer: nn.Linear, activation: str, embeddings: torch.Tensor) -> torch.Tensor:
+        """`act(layer(self(x))) + embeddings` as one node (`_ResidualLayer`). A locked mask
+        scales W's columns instead: `(x diag(m)) W^T = x (W diag(m))^T`, no `|V| x d` mask."""
+        weight, p = layer.weight, 0.0
+        if self.active():
+            if self.kind == "locked":
+                weight = weight * self.column_mask(x)
+            else:
+                p = self.p
+        return _ResidualLayer.apply(x, weight, layer.bias, embeddings, p, activation)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, kind={self.kind}"
@@ -164,12 +205,11 @@ class DrillHead(SoftmaxHead):
 
     def encode_layer(self, i: int, previous: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """`E^(i)` from `E^(i-1)` (Eq. 9, 10, 12); i counts from 0."""
-        layer = self.layers[i]
-        dropped_input = self.options.dropout_position == "input"
-        branch = self.act(self.dropout.linear(previous, layer) if dropped_input else layer(previous))
-        if self.options.dropout_position == "output":
-            branch = self.dropout(branch)
-        out = branch + embeddings
+        layer, activation = self.layers[i], self.options.activation
+        if self.options.dropout_position == "input":
+            out = self.dropout.residual_layer(previous, layer, activation, embeddings)
+        else:
+            out = self.dropout(self.act(layer(previous))) + embeddings
         if self.options.residual_previous and i > 0:
             out = out + previous
         return out

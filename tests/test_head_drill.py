@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hf_outheads import HeadDims, OutHeadsConfig
+from hf_outheads import head_drill
 from hf_outheads.head_drill import DrillHead, DrillOptions, LabelDropout, keep_mask
 from label_encoder_checks import (
     check_generate, check_logits_to_keep, check_save_load, check_train_step, convert, decoder_inputs,
@@ -82,30 +83,53 @@ def test_locked_mask_is_one_row_shared_by_the_whole_vocabulary():
     torch.testing.assert_close(dropped[kept], (x * 2)[kept])  # inverted scaling by 1 / (1 - p)
 
 
-def test_fused_standard_dropout_equals_dropout_then_linear_and_keeps_a_byte_mask():
-    """Values and gradients equal `F.linear(dropout(x))` with the same mask (drawn from the
-    same generator state); saved for backward: x, W and a bool mask, never a float copy."""
-    x = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+def unfused_layer(x, layer, activation, embeddings, kind, p):
+    """`act(layer(drop(x))) + E` composed of autograd's ops, with the mask the fused layer draws
+    from the same generator state."""
+    if kind == "standard" and p > 0:
+        keep, p = keep_mask(x.shape, p)
+        x = x * keep / (1 - p)
+    elif kind == "locked" and p > 0:
+        x = x * LabelDropout(p, kind).column_mask(x)
+    return getattr(torch, activation)(layer(x)) + embeddings
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid", "tanh"])
+@pytest.mark.parametrize("kind, p", [("standard", 0.3), ("standard", 0.0), ("locked", 0.3)])
+@pytest.mark.parametrize("first", [True, False])
+def test_fused_layer_equals_dropout_linear_activation_and_residual(activation, kind, p, first):
+    """Values and gradients (x, W, b, E; x is E itself in the first layer) equal the layer
+    composed of autograd's ops with the same mask."""
+    E = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    x = E if first else torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     layer = torch.nn.Linear(16, 16).double()
-    dropout = LabelDropout(0.3, "standard").train()
+    dropout = LabelDropout(p, kind).train()
+    inputs = [x, layer.weight, layer.bias] + ([] if first else [E])
     torch.manual_seed(0)
+    fused = dropout.residual_layer(x, layer, activation, E)
+    torch.manual_seed(0)
+    reference = unfused_layer(x, layer, activation, E, kind, p)
+    torch.testing.assert_close(fused, reference)
+    grad = torch.randn_like(fused)
+    for got, want in zip(torch.autograd.grad(fused, inputs, grad), torch.autograd.grad(reference, inputs, grad)):
+        torch.testing.assert_close(got, want)
+
+
+def test_fused_layer_keeps_byte_masks_and_works_under_autocast():
+    """Saved for backward: the dropped input (the only float `|V| x d` matrix), a bool keep
+    mask and relu's bool derivative. Under bf16 autocast the gradients are float32 and finite."""
+    x = torch.randn(50, 16, requires_grad=True)
+    layer = torch.nn.Linear(16, 16)
+    dropout = LabelDropout(0.3, "standard").train()
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        fused = dropout.linear(x, layer)
-    assert sorted(str(t.dtype) for t in saved if t.numel() == x.numel()) == ["torch.bool", "torch.float64"]
-    fused_grads = torch.autograd.grad(fused.square().sum(), [x, layer.weight, layer.bias])
-    torch.manual_seed(0)
-    keep, p = keep_mask(x.shape, 0.3)
-    assert 0 < keep.sum() < keep.numel() and abs(p - 0.3) < 2**-16
-    reference = layer(x * keep / (1 - p))
-    torch.testing.assert_close(fused, reference)
-    for got, want in zip(fused_grads, torch.autograd.grad(reference.square().sum(), [x, layer.weight, layer.bias])):
-        torch.testing.assert_close(got, want)
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed precision: bf16 output, fp32 gradients
-        out = dropout.linear(x.float().detach().requires_grad_(), layer.float())
-    assert out.dtype == torch.bfloat16
+        dropout.residual_layer(x, layer, "relu", x)
+    assert sorted(str(t.dtype) for t in saved if t.numel() == x.numel()) == ["torch.bool", "torch.bool", "torch.float32"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dropout.residual_layer(x, layer, "relu", x)
     out.float().sum().backward()
-    assert layer.weight.grad.dtype == torch.float32 and torch.isfinite(layer.weight.grad).all()
+    assert x.grad.dtype == layer.weight.grad.dtype == torch.float32
+    assert torch.isfinite(x.grad).all() and torch.isfinite(layer.weight.grad).all()
 
 
 def test_keep_mask_drops_each_element_independently_at_rate_p():
@@ -122,15 +146,17 @@ def test_keep_mask_drops_each_element_independently_at_rate_p():
     assert keep_mask(torch.Size([7, 3]), 0.0)[0].all() and keep_mask(torch.Size([5]), 0.5)[0].shape == (5,)
 
 
-def test_locked_mask_in_the_head_input_and_output_positions():
-    """Input position (reference code): the first layer sees E with whole columns dropped.
+def test_locked_mask_in_the_head_input_and_output_positions(monkeypatch):
+    """Input position (reference code): the first layer sees E with whole columns dropped,
+    which it computes by zeroing whole columns of W (equal values: the fused-layer test).
     Output position (Eq. 12): f_1's output has whole columns dropped, so E^(1) - E does."""
     E = torch.rand(99, 32) + 1.0
-    seen = []
+    weights = []
+    apply = head_drill._ResidualLayer.apply
+    monkeypatch.setattr(head_drill._ResidualLayer, "apply", lambda x, w, *rest: weights.append(w) or apply(x, w, *rest))
     h = head(depth=1, activation="sigmoid", dropout=0.5, dropout_kind="locked", dropout_position="input").train()
-    h.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
     h.label_matrix(E)
-    assert zero_columns_shared_by_all_rows(seen[0])
+    assert zero_columns_shared_by_all_rows(weights[0]) and not (h.layers[0].weight == 0).any()
     h = head(depth=1, activation="sigmoid", dropout=0.5, dropout_kind="locked", dropout_position="output").train()
     assert zero_columns_shared_by_all_rows(h.label_matrix(E) - E)
     h = head(depth=1, activation="sigmoid", dropout=0.5, dropout_kind="standard", dropout_position="output").train()
