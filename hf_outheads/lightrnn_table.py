@@ -52,7 +52,7 @@ EXACT_LIMIT = 2**22  # words x cells entries of the exact problem (about 2,048 x
 def table_shape(vocab_size: int, F: int | None, R: int | None, C: int | None) -> tuple[int, int, int]:
     """(F, R, C) with the defaults of the unset ones (`head_lightrnn` docstring); a table too small
     for the vocabulary is an error."""
-    F = min(4096, vocab_size // 4) if F is None else F
+    F = min(4096, vocab_size // 2) if F is None else F
     n = max(vocab_size - F, 1)
     C = C or (math.ceil(n / R) if R else math.ceil(math.sqrt(n)))
     R = R or math.ceil(n / C)

@@ -41,7 +41,7 @@ def test_shape_resolved_and_validated():
     config = OutHeadsConfig(text_config=tiny_config("llama"), head_type="lightrnn")
     options = config.head_options
     f, r, c = options["num_exclusive"], options["num_rows"], options["num_columns"]
-    assert (f, c, r) == (24, 9, 9) and f + r * c >= VOCAB  # min(4096, V // 4), ceil(sqrt(75)), ceil(75 / 9)
+    assert (f, c, r) == (49, 8, 7) and f + r * c >= VOCAB  # min(4096, V // 2), ceil(sqrt(50)), ceil(50 / 8)
     with pytest.raises(ValueError, match="cannot hold"):
         OutHeadsConfig(text_config=tiny_config("llama"), head_type="lightrnn",
                        head_options={"num_exclusive": 8, "num_rows": 5, "num_columns": 16})
