@@ -14,8 +14,8 @@ of the heads built on it (`bilinear`, `joint`): `init` and `map_scale`.
 A head converted from a trained model (`from_backbone`) is another case: the backbone and E
 have already learnt, the maps start at the exact `tied`, and learnt at the full rate
 (`map_scale` 1) they made both fine-tuning comparisons better than `tied`, where 0.01 kept
-the head at `tied`'s level. `map_scale` left unset (None) is therefore 0.01 from scratch and
-1 when converted.
+the head at `tied`'s level. `map_scale` left unset (None) is therefore small from scratch
+(`scratch_defaults`: 0.01; `bilinear` 0.1) and 1 when converted.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class MapOptions(SoftmaxOptions):
     """init: "identity" (the maps start at a (semi-)identity: the head starts as `tied`) or
     "uniform" (the reference codes); map_scale: how far a step of the stored parameter moves a
     map (1: the plain form; the paper form is `init: uniform, map_scale: 1`); None: 0.01 from
-    scratch, 1 when converted from a trained head (measured, see the module docstring)."""
+    scratch (`bilinear`: 0.1), 1 when converted from a trained head (measured, see the module
+    docstring)."""
 
     init: str = choice("identity", INITS)
     map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)

@@ -99,13 +99,14 @@ def test_the_head_does_not_change_the_backbone_init_or_the_random_state_after_it
         assert torch.equal(drawn, after)
 
 
-@pytest.mark.parametrize("head_type, attr", [("bilinear", "map"), ("joint", "in_proj")])
-def test_map_scale_left_unset_is_001_from_scratch_and_1_when_converted(head_type, attr):
-    """The maps learn 100x slower from scratch, at the full rate when converted from a trained
-    `tied` head (both measured); a value given is kept either way, and the config states it."""
+@pytest.mark.parametrize("head_type, attr, from_scratch", [("bilinear", "map", 0.1), ("joint", "in_proj", 0.01)])
+def test_map_scale_left_unset_is_slower_from_scratch_and_1_when_converted(head_type, attr, from_scratch):
+    """The maps learn 10x (bilinear) or 100x (joint) slower from scratch, at the full rate when
+    converted from a trained `tied` head (all measured); a value given is kept either way, and
+    the config states it."""
     from tiny import model_class, tiny_original
 
-    assert scratch(head_type).config.head_options["map_scale"] == 0.01
+    assert scratch(head_type).config.head_options["map_scale"] == from_scratch
     cls = model_class("gpt2")
     for given, want in (({}, 1.0), ({"map_scale": None}, 1.0), ({"map_scale": 0.01}, 0.01)):
         model = cls.from_backbone(tiny_original("gpt2"), head_type=head_type, head_options=given)
