@@ -57,8 +57,8 @@ class DrillOptions(SoftmaxOptions):
     """depth: k label-encoder layers (0 = `tied`); activation: relu / sigmoid / tanh;
     dropout: rate between layers (None: 0.1 from scratch, 0 when converted); dropout_kind:
     "locked" (variational: one `(1, d)` mask shared by every vocabulary row, per layer and
-    forward) or "standard" (fresh elementwise mask over `|V| x d`); dropout_position: "input" (reference code) or "output" (Eq. 12);
-    residual_previous: also add `E^(i-1)` (Eq. 10; the paper found it hurt at k=4)."""
+    forward) or "standard" (fresh elementwise mask over `|V| x d`); dropout_position:
+    "input" (reference code) or "output" (Eq. 12); residual_previous: also add `E^(i-1)` (Eq. 10; the paper found it hurt at k=4)."""
 
     head_type: ClassVar[str] = "drill"
 
@@ -110,7 +110,7 @@ class _ResidualLayer(torch.autograd.Function):
         if p > 0.0:
             keep, p = keep_mask(x.shape, p, x.device)
             dropped, scale = torch.where(keep, x, 0.0), 1.0 / (1.0 - p)  # scale goes on the d x d weight
-        out = F.linear(dropped, weight * scale if keep is not None else weight, bias)
+        out = F.linear(dropped, weight * scale, bias)
         act_, derivative = IN_PLACE[activation]
         act_(out)
         slope = derivative(out) if any(ctx.needs_input_grad) else None
@@ -129,14 +129,12 @@ class _ResidualLayer(torch.autograd.Function):
         grad = grad.to(weight.dtype)  # bf16 under autocast; the saved tensors keep their dtype
         grad_x = grad_weight = grad_bias = grad_embeddings = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad @ (weight * ctx.scale) if keep is not None else grad @ weight
+            grad_x = grad @ (weight * ctx.scale)
             if keep is not None:
                 torch.where(keep, grad_x, grad_x.new_zeros(()), out=grad_x)
             grad_x = grad_x.to(dropped.dtype)
         if ctx.needs_input_grad[1]:
-            grad_weight = grad.flatten(0, -2).T @ dropped.to(grad.dtype).flatten(0, -2)
-            if keep is not None:
-                grad_weight.mul_(ctx.scale)
+            grad_weight = (grad.flatten(0, -2).T @ dropped.to(grad.dtype).flatten(0, -2)).mul_(ctx.scale)
         if ctx.needs_input_grad[2]:
             grad_bias = grad.flatten(0, -2).sum(0)
         if ctx.needs_input_grad[3]:

@@ -20,10 +20,7 @@ needs every row, `(N, K, R, C)`, in position chunks: about `mos`'s cost at the s
 Options (defaults): `num_components` = 1 (paper's MoS variants: 3, 9); `num_exclusive` (F) =
 min(4096, |V| // 2); `num_columns` (C) = ceil(sqrt(|V| - F)); `num_rows` (R) = ceil((|V| - F) / C);
 resolved against the vocabulary when the config is built, so the saved config states the
-shape (the paper's sizes are not in our copy). Half the vocabulary exclusive below 8,192
-words was measured: on a 2,000-word BPE vocabulary from scratch, |V| // 4 trained to 4.2%
-above `tied` and |V| // 2 to 6.4% below (training/results/ablations_stdlib_lm.md); from 8,192
-words on, F is 4,096 either way. `table_init` = "frequency" (rows are frequency
+shape (the paper's sizes are not in our copy; F measured, see `table_shape`). `table_init` = "frequency" (rows are frequency
 bands) or "random" (the paper's random-table ablation). `latent_dim`, `latent_activation`,
 `latent_dropout`, `dropout_kind`: as `mos` (one locked mask for `k`, one for `z`).
 `latent_activation` = "identity" and `latent_init` = "identity", as `mos` (departure: the
