@@ -43,3 +43,17 @@ def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
             f"labels must be -100 (ignored) or a token id in [0, {vocab_size}); got {labels[bad][:5].tolist()}. "
             "Mask padding with -100, and check the tokenizer matches the model's vocabulary."
         )
+
+
+def check_backbone_kind(model_class, config) -> None:
+    """`model_class` (its `encoder_decoder` attribute) suits the config's backbone: the causal LM
+    class on an encoder-decoder backbone (or the reverse) would build, then fail at its first
+    forward; transformers' Auto classes cannot tell, since both classes share `OutHeadsConfig`."""
+    text = config.text_config
+    is_encoder_decoder = bool(getattr(text, "is_encoder_decoder", False))
+    if is_encoder_decoder == model_class.encoder_decoder:
+        return
+    kind, right, auto = (("an encoder-decoder", "OutHeadsForSeq2SeqLM", "AutoModelForSeq2SeqLM") if is_encoder_decoder
+                         else ("a decoder-only", "OutHeadsForCausalLM", "AutoModelForCausalLM"))
+    raise ValueError(f"This model's backbone (`{text.model_type}`) is {kind} model, which {model_class.__name__} "
+                     f"cannot run: load it with {right} (or {auto}).")

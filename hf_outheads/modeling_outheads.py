@@ -17,7 +17,7 @@ from .head_catalog import get_head_class
 from .backbones import head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead
 from .integrations import LibraryHooks, effective_embedding_weight
-from .model_io import OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_labels, shift_right
+from .model_io import OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, shift_right
 from .model_card import model_tags
 
 
@@ -32,6 +32,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 
     def __init__(self, config: OutHeadsConfig):
         options = config.build_head_options()  # a config without a backbone (text_config) or with bad options fails here
+        check_backbone_kind(type(self), config)  # AutoModelForCausalLM on a seq2seq folder (or the reverse) fails here
         super().__init__(config)
         self.backbone = AutoModel.from_config(config.text_config)
         with torch.random.fork_rng(devices=[]):  # see _init_weights
@@ -147,6 +148,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
     """A decoder-only backbone (GPT-2, Llama, Qwen2, Mistral, ...) with an output head."""
 
+    encoder_decoder = False  # the backbone kind this class runs (model_io.check_backbone_kind)
+
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # the name before transformers 5.24, as its models
     @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
@@ -204,6 +207,8 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
 
 class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
     """An encoder-decoder backbone (T5, BART, Marian, ...) with an output head on the decoder."""
+
+    encoder_decoder = True
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         text = self.config.text_config

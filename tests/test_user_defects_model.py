@@ -9,7 +9,10 @@ import warnings
 import pytest
 import torch
 
-from tiny import batch, model_class, tiny_model, tiny_original
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from tiny import batch, model_class, tiny_config, tiny_model, tiny_original
 
 
 @pytest.mark.parametrize("backbone", ["llama", "bart"])
@@ -47,3 +50,25 @@ def test_forward_takes_cache_and_the_old_name_with_a_warning():
         with pytest.warns(FutureWarning, match="past_key_values"):
             old = model(input_ids=ids[:, 4:], past_key_values=prefix.cache).logits
     torch.testing.assert_close(new, old)
+
+
+@pytest.mark.parametrize("backbone,auto,right", [("bart", AutoModelForCausalLM, "OutHeadsForSeq2SeqLM"),
+                                                 ("t5", OutHeadsForCausalLM, "OutHeadsForSeq2SeqLM"),
+                                                 ("llama", AutoModelForSeq2SeqLM, "OutHeadsForCausalLM"),
+                                                 ("gpt2", OutHeadsForSeq2SeqLM, "OutHeadsForCausalLM")])
+def test_wrong_class_fails_at_load_naming_the_right_one(backbone, auto, right, tmp_path):
+    """Both classes share OutHeadsConfig, so the Auto classes took either; the wrong one loaded
+    and failed at the first forward (`no attribute 'hidden_states'`)."""
+    tiny_model(backbone, "tied").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"load it with {right}"):
+        auto.from_pretrained(tmp_path)
+    assert type(AutoModel.from_pretrained(tmp_path)).__name__ == right  # the saved architectures pick it
+
+
+@pytest.mark.parametrize("backbone", ["bart", "llama"])
+def test_wrong_class_fails_when_built_or_converted(backbone):
+    wrong = OutHeadsForCausalLM if backbone == "bart" else OutHeadsForSeq2SeqLM
+    with pytest.raises(ValueError, match=f"`{backbone}`.*load it with {model_class(backbone).__name__}"):
+        wrong(OutHeadsConfig(text_config=tiny_config(backbone), head_type="linear"))
+    with pytest.raises(ValueError, match=f"load it with {model_class(backbone).__name__}"):
+        wrong.from_backbone(tiny_original(backbone))
