@@ -164,15 +164,15 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         output_hidden_states=None,
         logits_to_keep: int | torch.Tensor = 0,
         return_logits: bool | None = None,
-        shift_labels=None,
         fused_lm_head: bool = False,
         **kwargs,
     ) -> OutHeadsCausalLMOutput:
         """`labels` are the input ids (shifted here); `shift_labels` are already shifted (label of
-        position t = token t + 1), as transformers' causal LMs accept them. `fused_lm_head=True`:
-        TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
+        position t = token t + 1), as transformers' causal LMs accept them: in `kwargs`, as theirs, so
+        that Trainer's label names (every forward parameter named `*label*`) are `["labels"]`.
+        `fused_lm_head=True`: TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        num_items_in_batch, shift_labels = kwargs.pop("num_items_in_batch", None), kwargs.pop("shift_labels", None)
         outputs = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,

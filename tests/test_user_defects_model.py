@@ -72,3 +72,30 @@ def test_wrong_class_fails_when_built_or_converted(backbone):
         wrong(OutHeadsConfig(text_config=tiny_config(backbone), head_type="linear"))
     with pytest.raises(ValueError, match=f"load it with {model_class(backbone).__name__}"):
         wrong.from_backbone(tiny_original(backbone))
+
+
+@pytest.mark.parametrize("backbone", ["llama", "bart"])
+def test_trainer_evaluate_reports_eval_loss_and_calls_compute_metrics(backbone, tmp_path):
+    """Trainer takes every forward parameter named `*label*` as a label name; a `shift_labels`
+    parameter made it wait for two label columns, so a batch with `labels` had none: no
+    eval_loss, no compute_metrics. transformers' causal LMs take `shift_labels` in kwargs."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    data = batch(backbone, batch_size=4)
+    dataset = Dataset.from_dict({key: value.tolist() for key, value in data.items()})
+    calls = []
+
+    def compute_metrics(prediction):
+        calls.append(prediction)
+        return {"seen": float(len(prediction.label_ids))}
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=2, report_to=[], use_cpu=True)
+    model = model_class(backbone).from_backbone(tiny_original(backbone), head_type="drill")
+    trainer = Trainer(model=model, args=args, eval_dataset=dataset, compute_metrics=compute_metrics)
+    assert trainer.label_names == ["labels"]
+    metrics = trainer.evaluate()
+    with torch.no_grad():
+        expected = model.eval()(**data).loss.item()
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-4)
+    assert len(calls) == 1 and metrics["eval_seen"] == 4.0
