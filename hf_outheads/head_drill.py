@@ -144,14 +144,16 @@ class _ResidualLayer(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, grad_embeddings, None, None
 
 
-class LabelDropout(nn.Module):
+class LabelDropout(nn.Dropout):
     """Dropout on a label matrix `X` (`|V| x d`), DRILL Sec. 3.2.4: "standard" draws a new
     elementwise mask; "locked" (variational, Gal & Ghahramani 2016) draws one `(1, d)` mask
-    per call, shared by every vocabulary row. Inverted scaling, identity in eval mode."""
+    per call, shared by every vocabulary row. Inverted scaling, identity in eval mode. An
+    `nn.Dropout` (no parameters): what switches every dropout off (`module.p = 0` on each
+    `nn.Dropout`, as TRL's `disable_dropout_in_model`) switches this one off too."""
 
     def __init__(self, p: float, kind: str):
-        super().__init__()
-        self.p, self.kind = p, kind
+        super().__init__(p)
+        self.kind = kind
 
     def active(self) -> bool:
         return self.training and self.p > 0.0

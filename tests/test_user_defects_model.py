@@ -99,3 +99,27 @@ def test_trainer_evaluate_reports_eval_loss_and_calls_compute_metrics(backbone, 
         expected = model.eval()(**data).loss.item()
     assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-4)
     assert len(calls) == 1 and metrics["eval_seen"] == 4.0
+
+
+DROPOUT_CASES = [("drill", {"dropout": 0.3}), ("drill", {"dropout": 0.3, "dropout_kind": "locked"}),
+                 ("drill", {"dropout": 0.3, "dropout_position": "output"}), ("mos", {"latent_dropout": 0.3}),
+                 ("doc", {"latent_dropout": 0.3, "dropout_kind": "standard"}), ("lightrnn", {"latent_dropout": 0.3})]
+
+
+@pytest.mark.parametrize("head,options", DROPOUT_CASES, ids=[f"{h}-{'-'.join(map(str, o.values()))}" for h, o in DROPOUT_CASES])
+def test_disable_dropout_in_model_reaches_the_heads_dropout(head, options):
+    """TRL's `disable_dropout_in_model` (DPO's default) sets `p = 0` on every nn.Dropout; drill's
+    label dropout and the mixtures' latent dropout were no nn.Dropout and stayed on."""
+    from trl.trainer.utils import disable_dropout_in_model
+
+    model = tiny_model("llama", head, options).train()
+    assert not any("dropout" in key for key in model.state_dict())  # no state: checkpoints unchanged
+    data = batch("llama")
+    torch.manual_seed(0)
+    assert not torch.equal(model(**data).loss, model(**data).loss)  # the head's dropout is on
+    disable_dropout_in_model(model)
+    torch.manual_seed(0)
+    assert torch.equal(model(**data).loss, model(**data).loss)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**data).logits, model.train()(**data, return_logits=True).logits)
