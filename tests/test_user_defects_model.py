@@ -123,3 +123,16 @@ def test_disable_dropout_in_model_reaches_the_heads_dropout(head, options):
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(**data).logits, model.train()(**data, return_logits=True).logits)
+
+
+def test_config_with_head_type_but_no_backbone_is_refused_when_built(tmp_path):
+    """It could be built and saved, then from_pretrained refused the folder; the argument-less
+    config that transformers builds for its defaults stays possible."""
+    for kwargs in ({"head_type": "linear"}, {"head_options": {"depth": 2}}):
+        with pytest.raises(ValueError, match="no text_config .*from_backbone"):
+            OutHeadsConfig(**kwargs)
+    assert OutHeadsConfig().head_type is None and OutHeadsConfig().text_config is None
+    config = OutHeadsConfig(text_config=tiny_config("gpt2"))
+    assert config.head_type == "tied"  # the default head once there is a backbone
+    config.save_pretrained(tmp_path)
+    assert OutHeadsConfig.from_pretrained(tmp_path).head_type == "tied"
