@@ -136,3 +136,25 @@ def test_config_with_head_type_but_no_backbone_is_refused_when_built(tmp_path):
     assert config.head_type == "tied"  # the default head once there is a backbone
     config.save_pretrained(tmp_path)
     assert OutHeadsConfig.from_pretrained(tmp_path).head_type == "tied"
+
+
+@pytest.mark.parametrize("converted", [False, True], ids=["fresh", "converted"])
+def test_lightrnn_left_padded_row_generates_as_alone(converted):
+    """Issue 26 item 13 (lengths 3 and 6, tiny Llama): the code table's path scores each
+    position alone (no padding reaches the head: generation keeps the last position), so a
+    padded row's log-probabilities equal the unpadded row's to float rounding, with the same
+    masked (-inf) codes, and greedy picks the same tokens unless two words tie within it."""
+    model = (OutHeadsForCausalLM.from_backbone(tiny_original("llama"), head_type="lightrnn").eval() if converted
+             else tiny_model("llama", "lightrnn"))
+    for seed in (3, 4, 5):
+        ids = torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(seed))
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0
+        settings = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0, output_scores=True,
+                        return_dict_in_generate=True)
+        padded = model.generate(input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask, **settings)
+        alone = model.generate(input_ids=ids[:1, 3:], **settings)
+        assert torch.equal(padded.sequences[0, -6:], alone.sequences[0, -6:])
+        for in_batch, single in zip(padded.scores, alone.scores):
+            assert torch.equal(torch.isfinite(in_batch[0]), torch.isfinite(single[0]))
+            torch.testing.assert_close(in_batch[0], single[0], atol=1e-5, rtol=0)
