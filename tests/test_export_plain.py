@@ -246,3 +246,19 @@ def test_conversion_into_a_head_without_bias():
     weight, bias = bart.head.plain_lm_head(bart.output_embedding_matrix())
     assert not head.init_from_lm_head(weight, bias, weight)
     assert head.init_from_lm_head(weight, torch.zeros_like(bias), weight)
+
+
+def test_command_line(tmp_path):
+    """`python -m training.export_plain <trained_dir> <out_dir>`: the saved model and its tokenizer."""
+    from training.export_plain import main
+
+    model = perturb(tiny_model("llama", "drill"))
+    model.save_pretrained(tmp_path / "trained")
+    word_tokenizer().save_pretrained(tmp_path / "trained")
+    with pytest.raises(SystemExit, match="output_bias.*--approximate --text-file"):
+        main([str(tmp_path / "trained"), str(tmp_path / "out")])
+    (tmp_path / "sample.txt").write_text("w5 w6 w7 w8\n\nw9 w10\n")
+    report = main([str(tmp_path / "trained"), str(tmp_path / "out"), "--approximate", "--text-file",
+                   str(tmp_path / "sample.txt")])
+    assert report["architecture"] == "LlamaForCausalLM" and not report["exact"] and report["mean_kl"] > 0
+    assert (tmp_path / "out" / "tokenizer.json").is_file()
