@@ -21,6 +21,7 @@ import torch
 
 from .options import HeadDims
 from .scaled_map import MapOptions, ScaledMap
+from .head_interface import TiedToEmbeddings
 from .softmax import SoftmaxHead
 
 
@@ -33,7 +34,7 @@ class BilinearOptions(MapOptions):
     scratch_defaults: ClassVar[dict] = {"map_scale": 0.1}  # training/results/ablations_stdlib_lm.md, fifth round
 
 
-class BilinearHead(SoftmaxHead):
+class BilinearHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "bilinear"
     Options = BilinearOptions
 

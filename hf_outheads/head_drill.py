@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from transformers import initialization as init
 
 from .options import HeadDims, choice, flag, integer, number, require_tied_width
+from .head_interface import TiedToEmbeddings
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
@@ -183,7 +184,7 @@ class LabelDropout(nn.Dropout):
         return f"p={self.p}, kind={self.kind}"
 
 
-class DrillHead(SoftmaxHead):
+class DrillHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "drill"
     keeps_label_matrix = True
     Options = DrillOptions

@@ -82,6 +82,12 @@ class OutputHead(nn.Module):
     def layer_indices(self) -> tuple[int, ...]:
         return ()
 
+    def bind_input_embeddings(self, module: nn.Module) -> None:
+        """The model hands over the embedding module whose weight is `E` (at build and after a
+        resize), for `TiedToEmbeddings.weight`. Kept outside `_modules`: `E` stays the backbone's
+        parameter (no second state-dict key, no parameter in two modules)."""
+        self.__dict__["_input_embeddings"] = module
+
     def reset_parameters(self) -> None:
         """Fresh initialisation (from scratch). Must use `transformers.initialization`."""
         raise NotImplementedError
@@ -153,6 +159,26 @@ class OutputHead(nn.Module):
                 rows = rows.clone()
                 store[name] = nn.Parameter(rows, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else rows
         self.dims = dataclasses.replace(self.dims, vocab_size=new_size)
+
+
+class TiedToEmbeddings:
+    """Mixin of the heads that score with the backbone's input embedding matrix `E` (tied,
+    bilinear, joint, drill; lightrnn with `tied=True`): `weight` is that `E`, as a tied LM head's
+    weight is the input embedding's. Libraries recognise a tied output layer by
+    `model.get_output_embeddings().weight is model.get_input_embeddings().weight`; accelerate's
+    FSDP2 preparation (`fsdp2_prepare_model`) then shards the input embedding and the output
+    layer as one group that stays gathered from the embedding lookup to the head, which a head
+    reading `E` needs (in separate groups the head would meet a sharded `E`). `weight` is no
+    attribute (AttributeError) while no embedding is bound or when `reads_embeddings` is False."""
+
+    reads_embeddings = True
+
+    @property
+    def weight(self) -> torch.Tensor:
+        module = self.__dict__.get("_input_embeddings")
+        if module is None or not self.reads_embeddings:
+            raise AttributeError(f"Head '{self.head_type}' reads no input embedding matrix: it has no 'weight'.")
+        return module.weight
 
 
 def _check_loaded_state(module: OutputHead, incompatible_keys) -> None:

@@ -39,6 +39,7 @@ import torch
 
 from .options import HeadDims, choice, integer
 from .scaled_map import MapOptions, ScaledMap
+from .head_interface import TiedToEmbeddings
 from .softmax import SoftmaxHead
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "identity": lambda x: x}
@@ -74,7 +75,7 @@ class JointOptions(MapOptions):
                       f"{name}={size}, got {self.joint_dim}. Omit joint_dim or use form 'both'.")
 
 
-class JointHead(SoftmaxHead):
+class JointHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "joint"
     keeps_label_matrix = True
     Options = JointOptions

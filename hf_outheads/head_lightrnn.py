@@ -52,7 +52,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits, word_count_vector
+from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, TiedToEmbeddings, nll_sum_from_logits,
+                             word_count_vector)
 from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
                              resize_codes, table_grid, table_shape)
@@ -78,7 +79,7 @@ class LightRNNOptions(MixtureOptions):
         self.num_exclusive, self.num_rows, self.num_columns = shape
 
 
-class LightRNNHead(PriorAndLatents, OutputHead):
+class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     """`PriorAndLatents` (the prior only with K > 1: log pi = 0 otherwise) plus the code parameters."""
 
     head_type = "lightrnn"
@@ -101,6 +102,10 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         self.register_buffer("codes", self.default_table())
         self.tracking_code_costs, self._costs = False, None
         self._conversion = None  # (word vectors, biases) of a conversion, until the table is set from counts
+
+    @property
+    def reads_embeddings(self) -> bool:  # `TiedToEmbeddings`: E scores the exclusive codes
+        return self.options.tied
 
     def default_table(self) -> torch.Tensor:
         return default_codes(self.dims.vocab_size, *self.table, self.options.table_init)

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from .options import HeadDims, require_tied_width
+from .head_interface import TiedToEmbeddings
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 
@@ -18,7 +19,7 @@ class TiedOptions(SoftmaxOptions):
         require_tied_width("tied", dims, "scores E h", "'bilinear' or 'linear'")
 
 
-class TiedHead(SoftmaxHead):
+class TiedHead(TiedToEmbeddings, SoftmaxHead):
     """Has no weight matrix of its own: `E` is the backbone's embedding, read at each call."""
 
     head_type = "tied"

@@ -158,6 +158,16 @@ class LibraryHooks:
         shift_labels = shift_labels.to(logits.device)
         return fused_outputs(logits[:, keep], shift_labels[:, keep], temperature, num_items_in_batch, aux_loss)
 
+    def bind_head_embeddings(self) -> None:
+        """Give the head the (decoder) input embedding module, whose weight is `E`: a head that
+        reads `E` shows it as its `weight` (`head_interface.TiedToEmbeddings`), so that
+        libraries treat `E` and the head as a tied pair (accelerate's FSDP2 wrap: one group)."""
+        self.head.bind_input_embeddings(self.backbone.get_decoder().get_input_embeddings())
+
+    def set_input_embeddings(self, value):
+        super().set_input_embeddings(value)
+        self.bind_head_embeddings()
+
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
         """The backbone's input embeddings only; the output layer (the head) is resized by
         `resize_token_embeddings` through `head.resize_vocab`, not as an `nn.Linear`."""

@@ -38,6 +38,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         with torch.random.fork_rng(devices=[]):  # see _init_weights
             self.head: OutputHead = get_head_class(config.head_type)(options, head_dims(config.text_config))
         self._check_backbone_shapes()
+        self.bind_head_embeddings()  # a head reading E shows it as its `weight` (tied, for FSDP's wrap)
         # remote code: AutoModel resolves to this class too (register_for_auto_class takes one)
         config.auto_map = {**(getattr(config, "auto_map", None) or {}), "AutoModel": f"modeling_outheads.{type(self).__name__}"}
         self.post_init()

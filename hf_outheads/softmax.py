@@ -177,7 +177,8 @@ class SoftmaxHead(OutputHead):
         if inputs.return_logits is not None:
             mode = "full" if inputs.return_logits else ("sampled" if mode == "sampled" else "chunked")
         if labels is None or mode == "full":
-            logits = F.linear(context, weight, self.bias)
+            logits = F.linear(context, weight)  # no view (F.linear with a bias returns one for 3-d input: FSDP2
+            logits = logits if self.bias is None else logits.add_(self.bias)  # warns), one |V|-wide pass more
             return HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels) if labels is not None else None)
         if mode == "sampled":
             return HeadOutput(nll_sum=self._sampled_nll(context, weight, labels))

@@ -1,0 +1,76 @@
+"""FSDP2 (torch `fully_shard`, through accelerate's `fsdp2_prepare_model`) on 2 CPU processes:
+every head trains to the unsharded run's losses and weights, the heads that read `E` share its
+sharding group, and a full state dict saved with `save_pretrained` loads back with
+`from_pretrained`. One torchrun launch (tests/fsdp_worker.py) measures every head."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from subprocess_runs import run
+
+HERE = Path(__file__).resolve().parent
+READS_E = {"tied", "drill", "joint", "lightrnn-tied"}  # heads scoring with E (lightrnn, mos: own matrices)
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without torch.distributed")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp") / "results.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(HERE)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(HERE / "fsdp_worker.py"), str(out)]
+    done = run(command, env=env, cwd=HERE, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def test_fsdp2_trains_every_head_as_unsharded(results):
+    assert set(results) == {"tied", "drill", "joint", "mos", "lightrnn", "lightrnn-tied"}
+    for name, result in results.items():
+        assert result["losses"] == pytest.approx(result["expected_losses"], abs=1e-5), name
+        assert len(set(result["losses"])) == len(result["losses"]), f"{name}: the steps changed nothing"
+        assert result["weight_diff"] < 1e-5, (name, result["weight_diff"])
+        # the wrap plan: E's group holds the head exactly when the head reads E; decoder layers apart
+        assert result["embedding_with_head"] == (name in READS_E), name
+        assert result["layers_apart"] and result["no_split_modules"] == ["LlamaDecoderLayer"], name
+        # no output of a sharded module is a view (FSDP2 would drop the pre-backward hook of an in-place op on it)
+        assert result["view_warnings"] == [], (name, result["view_warnings"])
+
+
+def test_fsdp2_full_state_dict_loads_with_from_pretrained(results):
+    for name, result in results.items():
+        assert result["architectures"] == ["OutHeadsForCausalLM"], name
+        assert result["loaded_diff"] < 1e-5 and result["loaded_loss_diff"] < 1e-5, (name, result)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "t5", "bart"])
+def test_heads_reading_e_show_it_as_their_weight(family):
+    """What accelerate's FSDP2 wrap reads to keep E and the output layer in one group:
+    `get_output_embeddings().weight is get_input_embeddings().weight`, for the heads that read E
+    only, after a resize, a new embedding module and in a deep copy."""
+    import copy
+
+    from head_cases import HEAD_CASES
+    from tiny import tiny_model
+
+    for head, options in [*HEAD_CASES.items(), ("lightrnn", {**HEAD_CASES["lightrnn"], "tied": True})]:
+        model = tiny_model(family, head, options)
+        reads_e = head in ("tied", "bilinear", "joint", "drill") or options.get("tied", False)
+        for probe in (model, copy.deepcopy(model)):
+            weight = getattr(probe.get_output_embeddings(), "weight", None)
+            assert (weight is probe.get_input_embeddings().weight) == reads_e, (family, head)
+        model.resize_token_embeddings(model.config.vocab_size + 3)
+        model.set_input_embeddings(torch.nn.Embedding(*model.get_input_embeddings().weight.shape))  # a new module
+        weight = getattr(model.get_output_embeddings(), "weight", None)
+        assert (weight is model.get_input_embeddings().weight) == reads_e, (family, head, "replaced")
+        embedding = model.get_input_embeddings().weight  # the head holds no parameter of the backbone's
+        assert not [name for name, p in model.named_parameters(remove_duplicate=False) if name.startswith("head.")
+                    and p is embedding], (family, head)
