@@ -176,10 +176,11 @@ def push_to_hub(model, tokenizer, output_dir: Path, repo_id: str, private: bool)
     return repo_id
 
 
-def finish_run(model, tokenizer, options, results) -> Path:
-    """Everything a run leaves in output_dir; prints where the card is."""
+def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
+    """Everything a run leaves in output_dir; prints where the card is. `state_dict`: the full
+    weights (`accelerator.get_state_dict`, needed when the model is sharded); None: the model's."""
     output_dir = Path(options.output_dir)
-    model.save_pretrained(output_dir)
+    model.save_pretrained(output_dir, state_dict=state_dict)
     tokenizer.save_pretrained(output_dir)
     (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
     plot_training_curve(output_dir)

@@ -217,11 +217,13 @@ def final_results(run, step_times) -> dict:
     results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True)
     results.update(run.counts, validation_examples=run.n_validation,
                    train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
-    if options.task == "causal_lm" and accelerator.is_main_process:
+    if options.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
         prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
-        results["sample"] = sample_text(accelerator.unwrap_model(run.model), run.tokenizer, prompt,
-                                        options.sample_max_new_tokens, options.seed)
-        results["sample_prompt"] = prompt  # the card's usage code generates the sample again
+        sample = sample_text(accelerator.unwrap_model(run.model), run.tokenizer, prompt,
+                             options.sample_max_new_tokens, options.seed)
+        if accelerator.is_main_process:
+            results["sample"] = sample
+            results["sample_prompt"] = prompt  # the card's usage code generates the sample again
     return results
 
 
@@ -260,8 +262,9 @@ def training_function(options) -> dict:
     run.log.log({"event": "final", "train_seconds": sum(step_times),
                  **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt")}}, run.progress.step)
     accelerator.wait_for_everyone()
+    state_dict = accelerator.get_state_dict(run.model)  # every process: gathers a sharded model's full weights
     if accelerator.is_main_process:
-        finish_run(accelerator.unwrap_model(run.model), run.tokenizer, options, results)
+        finish_run(accelerator.unwrap_model(run.model), run.tokenizer, options, results, state_dict)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return results
