@@ -6,6 +6,9 @@ their gradient) for all rows at once:
     computed in the forward pass, chunk by chunk over rows, as fused linear-cross-entropy
     kernels do for one softmax: the 3 matrix products of a layer's step per chunk (scores, dk,
     dW; plus db, a matrix-vector product), none in backward;
+  - both run their matrix products in bf16 (fp16) under autocast to it or on bf16 (fp16) inputs:
+    low-precision operands, fp32 accumulation inside the product, scores rounded once to the
+    low precision and taken to fp32 for the softmax statistics; no fp32 copy of `W`;
   - `linear_cross_entropy`: one softmax, per-row (`reduction="none"`, chunks recomputed in
     backward) or summed (`reduction="sum"`, gradient in forward; "chunked" is the mixture with K = 1).
 """
@@ -25,6 +28,10 @@ CHUNK_ELEMENTS = 2**25
 # a chunk's scores and log-probs coexist briefly). Measured at |V| = 32K: products of 255 latent
 # rows are as fast as of 510, and small chunks keep the loss's peak below the head's activations.
 FUSED_CHUNK_LATENTS, FUSED_CHUNK_ELEMENTS = 512, 2**23
+# On a CUDA device: products of up to 4,096 rows (a GPU idles between small kernels), 64M scores
+# (256 MB fp32) per chunk. Not measured yet.
+FUSED_CHUNK_LATENTS_CUDA, FUSED_CHUNK_ELEMENTS_CUDA = 4096, 2**26
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 IMPLEMENTATIONS = ("auto", "torch", "chunked", "naive")
 REDUCTIONS = ("none", "sum")
 
@@ -44,14 +51,34 @@ def default_chunk_rows(vocab_size: int) -> int:
     return max(64, min(4096, CHUNK_ELEMENTS // max(vocab_size, 1)))
 
 
+def fused_chunk_rows(vocab_size: int, num_components: int, device: torch.device) -> int:
+    """Positions per chunk of the fused loss: `FUSED_CHUNK_*` latent rows and scores at most,
+    larger on a CUDA device."""
+    latents, elements = ((FUSED_CHUNK_LATENTS_CUDA, FUSED_CHUNK_ELEMENTS_CUDA) if device.type == "cuda"
+                         else (FUSED_CHUNK_LATENTS, FUSED_CHUNK_ELEMENTS))
+    return max(1, min(latents, elements // max(vocab_size, 1)) // num_components)
+
+
+def matmul_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The fused loss's matrix-product dtype: autocast's when it is on for `weight`'s device and
+    low-precision, else `weight`'s own when low-precision (bf16 weights), else fp32."""
+    device = weight.device.type
+    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in LOW_PRECISION:
+        return torch.get_autocast_dtype(device)
+    return weight.dtype if weight.dtype in LOW_PRECISION else torch.float32
+
+
 def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4):
-    """One chunk, fp32: summed NLL; adds its gradients w.r.t. (log_prior, x, weight, bias) into
-    `grads` (the chunk's rows of the first two, None: not needed), in place. With
+    """One chunk: summed NLL; adds its gradients w.r.t. (log_prior, x, weight, bias) into the
+    fp32 `grads` (the chunk's rows of the first two, None: not needed), in place. `x` and
+    `weight` share the products' dtype (fp32, or bf16 / fp16: each product's result is taken to
+    fp32); `log_prior`, `bias` and everything |V|-wide after the scores are fp32. With
     `r_j = pi_j p_j(y) / sum_k pi_k p_k(y)` (responsibilities), `dL/ds_jv = r_j (p_j(v) - [v = y])`
     and `dL/dlog pi_j = -r_j`; ignored rows have `r = 0`. `r_j` scales the small factors (`x`,
     the products with `W`), never the `|V|`-wide rows."""
-    keep = labels != ignore_index
-    log_p = F.linear(x, weight, bias).log_softmax(-1)  # (rows, K, |V|), the chunk's |V|-sized tensor
+    keep, low = labels != ignore_index, x.dtype in LOW_PRECISION
+    scores = F.linear(x, weight).float() if low else F.linear(x, weight, bias)  # (rows, K, |V|)
+    log_p = (scores.add_(bias) if low and bias is not None else scores).log_softmax(-1)  # the chunk's |V|-wide tensor
     gold = labels.clamp_min(0).view(-1, 1, 1).expand(*x.shape[:2], 1)
     joint = log_prior + log_p.gather(-1, gold).squeeze(-1)  # log pi_j + log p_j(y)
     ll = joint.logsumexp(-1)
@@ -64,29 +91,37 @@ def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4):
     r = resp.reshape(-1, 1)
     if g_prior is not None:
         g_prior.sub_(resp)
-    if g_x is not None:
+    delta_mm = delta.to(x.dtype) if (g_x is not None or g_weight is not None) else None  # the products' operand
+    if g_x is not None and low:
+        g_x.view(-1, x.shape[-1]).copy_(torch.mm(delta_mm, weight)).mul_(r)
+    elif g_x is not None:
         torch.mm(delta, weight, out=g_x.view(-1, x.shape[-1])).mul_(r)
-    if g_weight is not None:
+    if g_weight is not None and low:
+        g_weight.add_(torch.mm(delta_mm.T, (r * x.flatten(0, 1)).to(x.dtype)))
+    elif g_weight is not None:
         g_weight.addmm_(delta.T, r * x.flatten(0, 1))
     if g_bias is not None:
         g_bias.addmv_(delta.T, resp.flatten())
     return nll
 
 
-def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows, need=(False,) * 4):
+def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows, need=(False,) * 4,
+                      dtype=torch.float32):
     """Summed NLL (fp32 scalar) of `log_prior (n, K)`, `latents (n, K, d)`, `labels (n,)` and,
     where `need`, its fp32 gradients w.r.t. (log_prior, latents, weight, bias), in one pass over
     chunks of `rows` rows (peak: two `rows x K x |V|` tensors, a chunk's scores and log-probs,
-    besides the gradients)."""
-    weight, bias = weight.float(), None if bias is None else bias.float()
+    besides the gradients). Matrix products in `dtype` (`matmul_dtype`; `weight` is cast only when
+    it has another dtype), outside autocast; gradients accumulate in fp32."""
     tensors = (log_prior, latents, weight, bias)
     grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) if flag and t is not None else None
              for flag, t in zip(need, tensors)]
-    total = weight.new_zeros(())
-    for start in range(0, labels.shape[0], rows):
-        part = lambda t: t if t is None else t[start : start + rows]
-        total += _chunk(part(log_prior).float(), part(latents).float(), weight, bias, part(labels), ignore_index,
-                        [part(g) for g in grads[:2]] + grads[2:])
+    weight, bias = weight.to(dtype), None if bias is None else bias.float()
+    total = torch.zeros((), dtype=torch.float32, device=weight.device)
+    with torch.autocast(weight.device.type, enabled=False):
+        for start in range(0, labels.shape[0], rows):
+            part = lambda t: t if t is None else t[start : start + rows]
+            total += _chunk(part(log_prior).float(), part(latents).to(dtype), weight, bias, part(labels), ignore_index,
+                            [part(g) for g in grads[:2]] + grads[2:])
     return total, grads
 
 
@@ -96,9 +131,9 @@ class FusedMixtureNLL(torch.autograd.Function):
     They are used up by that backward: a second backward through the same graph raises."""
 
     @staticmethod
-    def forward(ctx, log_prior, latents, weight, bias, labels, ignore_index, rows):
+    def forward(ctx, log_prior, latents, weight, bias, labels, ignore_index, rows, dtype):
         total, ctx.grads = fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows,
-                                             ctx.needs_input_grad[:4])
+                                             ctx.needs_input_grad[:4], dtype)
         ctx.dtypes = [None if t is None else t.dtype for t in (log_prior, latents, weight, bias)]
         return total
 
@@ -110,7 +145,7 @@ class FusedMixtureNLL(torch.autograd.Function):
                                "its first backward; run the forward again instead of a second backward.")
         grads, ctx.grads = ctx.grads, None
         grads = [None if g is None else g.mul_(grad).to(dtype) for g, dtype in zip(grads, ctx.dtypes)]
-        return (*grads, None, None, None)
+        return (*grads, None, None, None, None)
 
 
 def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IGNORE_INDEX, chunk_rows=None):
@@ -120,9 +155,9 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
     `log_prior (..., K)` may be any additive log-weights (`lightrnn` adds its second code's
     log-probability), `latents (..., K, d)`, `weight (|V|, d)` (the input embeddings when tied:
     their gradient flows as any input's), `bias (|V|,)` or None, `labels (...)`. Inputs in any
-    float dtype (computed in fp32, gradients returned in the inputs' dtypes). Eager: the fused
-    `FusedMixtureNLL` over chunks of `chunk_rows` rows (default: `FUSED_CHUNK_LATENTS` latent
-    rows and `FUSED_CHUNK_ELEMENTS` scores at most);
+    float dtype (gradients returned in the inputs' dtypes); matrix products in `matmul_dtype`
+    (bf16 under bf16 autocast or with bf16 weights, else fp32), softmax statistics in fp32. Eager:
+    the fused `FusedMixtureNLL` over chunks of `chunk_rows` rows (default: `fused_chunk_rows`);
     traced (torch.export, torch.compile): one plain computation over all rows."""
     K, d = latents.shape[-2:]
     log_prior, latents, labels = log_prior.reshape(-1, K), latents.reshape(-1, K, d), labels.reshape(-1)
@@ -132,11 +167,11 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
     keep = labels != ignore_index
     if not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
         log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]
-    rows = chunk_rows or max(1, min(FUSED_CHUNK_LATENTS, FUSED_CHUNK_ELEMENTS // weight.shape[0]) // K)
-    tensors = (log_prior, latents, weight, bias)
+    rows = chunk_rows or fused_chunk_rows(weight.shape[0], K, weight.device)
+    tensors, dtype = (log_prior, latents, weight, bias), matmul_dtype(weight)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return FusedMixtureNLL.apply(*tensors, labels, ignore_index, rows)
-    return fused_mixture_nll(*tensors, labels, ignore_index, rows)[0]
+        return FusedMixtureNLL.apply(*tensors, labels, ignore_index, rows, dtype)
+    return fused_mixture_nll(*tensors, labels, ignore_index, rows, dtype=dtype)[0]
 
 
 def _naive(input, weight, target, bias, ignore_index):

@@ -51,7 +51,8 @@ def test_fused_mixture_loss_equals_naive_values_and_gradients(chunk_rows, bias):
     params, labels = mixture_problem(bias=bias)
     want, want_grads = naive_loss(*params, labels), grads(naive_loss(*params, labels), params)
     got = fused_loss(*params, labels, chunk_rows=chunk_rows)
-    direct = losses.FusedMixtureNLL.apply(params[0].log_softmax(-1), *params[1:], labels, -100, 4)  # ignored rows kept
+    direct = losses.FusedMixtureNLL.apply(params[0].log_softmax(-1), *params[1:], labels, -100, 4,  # ignored rows kept
+                                          torch.float32)
     for loss in (got, direct):
         assert loss.dtype == torch.float32 and loss.shape == ()
         torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
@@ -64,7 +65,7 @@ def test_fused_mixture_loss_equals_naive_values_and_gradients(chunk_rows, bias):
 def test_all_ignored_batch_gives_zero_loss_and_zero_gradients():
     params, labels = mixture_problem()
     labels[:] = -100
-    for loss in (fused_loss(*params, labels), losses.FusedMixtureNLL.apply(*params, labels, -100, 4)):
+    for loss in (fused_loss(*params, labels), losses.FusedMixtureNLL.apply(*params, labels, -100, 4, torch.float32)):
         assert loss.item() == 0
         assert all(torch.equal(g, torch.zeros_like(g)) for g in torch.autograd.grad(loss, params))
 
