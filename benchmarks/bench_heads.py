@@ -13,11 +13,18 @@ alternating (as `gen vs tied` below); `vs floor` = step over its floor
 `backbone + K x (tied - backbone)`, the backbone's step plus K times tied's head (K = the
 mixture's component count, 1 for single-softmax heads);
 `step mem` = peak RSS during the step above the RSS before it (large allocations are
-forced to mmap so freed memory leaves RSS); `peak RSS` = the process's absolute peak;
+forced to mmap so freed memory leaves RSS); `peak` = the process's absolute peak RSS;
 `gen tok/s` = greedy generation with KV cache, batch 1 (median of `--gen-reps` calls of
 `--gen-tokens` new tokens after a 16-token prompt); `gen vs tied` = the same against the
 `tied` model, alternating calls with it. Ratios are never taken across workers: between
 them the machine's slower and faster spells moved a step or a 64-token call by 10-20%.
+
+`--device cuda` (bf16 autocast unless `--dtype fp32`): times from CUDA events, `step mem` =
+`torch.cuda.max_memory_allocated` during the step above what was allocated before it, `peak`
+= the allocator's absolute peak; then the plain head's fused loss against torch's
+`F.linear_cross_entropy`, Liger-Kernel and cut-cross-entropy (`bench_gpu.py`) at each |V| and N:
+
+    python benchmarks/bench_heads.py --device cuda --vocab 32000,128000 --positions 8192,16384
 
 Timings mean nothing on a busy machine: the script refuses to start when the 1-minute load
 average is above 0.5, unless `--allow-busy` is given (then the table says so).
@@ -70,6 +77,11 @@ def parse_args(argv=None):
                         help="time the first step too (a quick fits-in-memory check: peak RSS then includes optimizer state)")
     parser.add_argument("--allow-busy", action="store_true",
                         help=f"run even when the 1-minute load average is above {MAX_LOAD} (timings unreliable)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the models run")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"),
+                        help="fp32, or bf16 autocast (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--loss-dim", type=int, default=2048, help="d of the loss comparison (cuda only)")
+    parser.add_argument("--no-loss-peers", action="store_true", help="skip the loss comparison (cuda only)")
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # JSON case, internal
     return parser.parse_args(argv)
@@ -103,17 +115,20 @@ def build_model(head: str, vocab: int):
     return model
 
 
-def training_step(model, ids, backbone_only: bool = False):
-    """One AdamW step (forward with labels, backward, update) of `model` on `ids`."""
+def training_step(model, ids, backbone_only: bool = False, bf16: bool = False):
+    """One AdamW step (forward with labels, backward, update) of `model` on `ids`; the forward
+    under bf16 autocast when `bf16`."""
     import torch
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
-        if backbone_only:
-            model.backbone(input_ids=ids).last_hidden_state.float().square().mean().backward()
-        else:
-            model(input_ids=ids, labels=ids).loss.backward()
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+            if backbone_only:
+                loss = model.backbone(input_ids=ids).last_hidden_state.float().square().mean()
+            else:
+                loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -127,45 +142,58 @@ def run_case(case: dict) -> dict:
     import torch
 
     torch.set_num_threads(case["threads"])
-    model = build_model(case["head"], case["vocab"])
+    device, bf16 = torch.device(case["device"]), case["dtype"] == "bf16"
+    clock = cpu_clock
+    if device.type == "cuda":
+        from bench_gpu import cuda_clock as clock, peak_mb
+    model = build_model(case["head"], case["vocab"]).to(device)
     batch = case["positions"] // SEQ_LEN
-    ids = torch.randint(3, case["vocab"], (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0))
-    step = training_step(model, ids, backbone_only=case["head"] == "backbone")
+    ids = torch.randint(3, case["vocab"], (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0)).to(device)
+    step = training_step(model, ids, backbone_only=case["head"] == "backbone", bf16=bf16)
     if case["warmup"]:
         step()  # warm-up: allocates optimizer state
-    before = rss_mb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")  # reset the peak-RSS counter
-    step()
-    result = {"step_mb": rss_mb("VmHWM") - before, "peak_mb": rss_mb("VmHWM")}
-    tied = build_model("tied", case["vocab"])
-    result.update(paired_times({"model": step, "tied": training_step(tied, ids)}, case["reps"]))
+    if device.type == "cuda":
+        step_mb, peak = peak_mb(step)
+        result = {"step_mb": step_mb, "peak_mb": peak}
+    else:
+        before = rss_mb("VmRSS")
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # reset the peak-RSS counter
+        step()
+        result = {"step_mb": rss_mb("VmHWM") - before, "peak_mb": rss_mb("VmHWM")}
+    tied = build_model("tied", case["vocab"]).to(device)
+    result.update(paired_times({"model": step, "tied": training_step(tied, ids, bf16=bf16)}, case["reps"], clock))
     if case["gen_tokens"]:
-        result.update(generation_rates(model, tied, ids[:1, :16], case))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            result.update(generation_rates(model, tied, ids[:1, :16], case, clock))
     return result
 
 
-def paired_medians(calls: dict, reps: int) -> tuple[float, float]:
+def cpu_clock(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def paired_medians(calls: dict, reps: int, clock=cpu_clock) -> tuple[float, float]:
     """Median seconds of `calls["model"]` and of `calls["tied"]`, each warmed up, timed
     alternating in the order model, tied, tied, model, ... so that a slower or faster spell of
     the machine, and whatever the call before leaves behind, moves both alike."""
     times = {name: [] for name in calls}
     for rep in range(reps):
         for name, call in list(calls.items())[:: 1 if rep % 2 == 0 else -1]:
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock(call))
     return statistics.median(times["model"]), statistics.median(times["tied"])
 
 
-def paired_times(calls: dict, reps: int) -> dict:
+def paired_times(calls: dict, reps: int, clock=cpu_clock) -> dict:
     """`step_s` of `calls["model"]` (already run once) and `step_vs_tied`, `calls["tied"]` run once first."""
     calls["tied"]()
-    model_s, tied_s = paired_medians(calls, reps)
+    model_s, tied_s = paired_medians(calls, reps, clock)
     return {"step_s": model_s, "step_vs_tied": model_s / tied_s}
 
 
-def generation_rates(model, tied, prompt, case: dict) -> dict:
+def generation_rates(model, tied, prompt, case: dict, clock=cpu_clock) -> dict:
     """Greedy tokens/s of `model`, and its ratio to `tied`, timed as `paired_medians`."""
     import torch
 
@@ -176,7 +204,7 @@ def generation_rates(model, tied, prompt, case: dict) -> dict:
         for which in (model.eval(), tied.eval()):
             generate(which, 4)()  # warm-up (and label-matrix cache)
         calls = {"model": generate(model, case["gen_tokens"]), "tied": generate(tied, case["gen_tokens"])}
-        model_s, tied_s = paired_medians(calls, case["gen_reps"])
+        model_s, tied_s = paired_medians(calls, case["gen_reps"], clock)
     return {"gen_tok_s": case["gen_tokens"] / model_s, "gen_vs_tied": tied_s / model_s}
 
 
@@ -244,12 +272,19 @@ def main(argv=None):
         print(json.dumps(run_case(json.loads(args.worker))))
         return
     load = check_load(args.allow_busy)
+    dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    device_name = ""
+    if args.device == "cuda":
+        from bench_gpu import cuda_device_name
+
+        device_name = f" ({cuda_device_name()})"
     heads = ["tied", "backbone"] + [h for h in args.heads.split(",") if h and h not in ("tied", "backbone")]
     lines = [
         f"<!-- python benchmarks/bench_heads.py {' '.join(sys.argv[1:] if argv is None else argv)}; "
         f"1-minute load average at start {load:.2f}"
-        f"{' (BUSY: timings unreliable)' if load > MAX_LOAD else ''} -->",
-        "| V | N | head | step s | step vs tied | vs floor | step mem MB | mem vs tied | peak RSS MB | gen tok/s "
+        f"{' (BUSY: timings unreliable)' if load > MAX_LOAD else ''}; {args.device}{device_name}, "
+        f"{dtype} -->",
+        "| V | N | head | step s | step vs tied | vs floor | step mem MB | mem vs tied | peak MB | gen tok/s "
         "| gen vs tied |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -259,12 +294,16 @@ def main(argv=None):
             results = {}
             for head in heads:
                 case = dict(head=head, vocab=vocab, positions=positions, reps=args.reps, threads=args.threads,
-                            warmup=not args.no_warmup,
+                            warmup=not args.no_warmup, device=args.device, dtype=dtype,
                             gen_tokens=0 if args.no_generate else args.gen_tokens, gen_reps=args.gen_reps)
                 results[head] = measure(case)
             rows = table_rows(vocab, positions, results) + reference_notes(results)
             print("\n".join(rows), flush=True)
             lines += rows
+    if args.device == "cuda" and not args.no_loss_peers:
+        from bench_gpu import loss_table
+
+        lines += ["", *loss_table(args.vocab, args.positions, args.loss_dim, args.reps)]
     if args.out:
         with open(args.out, "w") as out:
             out.write("\n".join(lines) + "\n")

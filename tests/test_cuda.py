@@ -1,0 +1,100 @@
+"""Every head on a CUDA device: forward and backward (the loss and gradients equal the CPU
+model's), cached greedy generation (the CPU model's tokens), save and load (the same logits),
+bf16 weights and bf16 autocast; the fused losses on CUDA equal the CPU ones. Skipped without CUDA."""
+
+import pytest
+import torch
+
+from head_cases import HEAD_CASES
+from tiny import batch, model_class, tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+BACKBONES = ["llama", "t5"]
+CUDA = torch.device("cuda")
+
+
+def training_model(backbone, head):
+    """In training mode with every dropout off (the heads' dropouts are nn.Dropout modules too),
+    so that the CPU and CUDA runs compute the same function."""
+    model = tiny_model(backbone, head, HEAD_CASES[head]).train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        elif isinstance(getattr(module, "dropout", None), float):  # attention dropout rates (T5)
+            module.dropout = 0.0
+    return model
+
+
+def on(inputs, device):
+    return {key: value.to(device) for key, value in inputs.items()}
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("head", sorted(HEAD_CASES))
+def test_forward_backward_equals_cpu(head, backbone):
+    cpu, gpu = training_model(backbone, head), training_model(backbone, head).to(CUDA)
+    inputs = batch(backbone)
+    want, got = cpu(**inputs).loss, gpu(**on(inputs, CUDA)).loss
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+    want.backward()
+    got.backward()
+    for (name, p_cpu), p_gpu in zip(cpu.named_parameters(), gpu.parameters()):
+        if p_cpu.grad is None:
+            assert p_gpu.grad is None, name
+            continue
+        torch.testing.assert_close(p_gpu.grad.cpu(), p_cpu.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("head", sorted(HEAD_CASES))
+def test_generate_and_save_load(head, backbone, tmp_path):
+    cpu = tiny_model(backbone, head, HEAD_CASES[head])
+    gpu = tiny_model(backbone, head, HEAD_CASES[head]).to(CUDA)
+    prompt = batch(backbone)["input_ids"][:1, :4]
+    kwargs = dict(max_new_tokens=5, do_sample=False)
+    want = cpu.generate(input_ids=prompt, **kwargs)
+    got = gpu.generate(input_ids=prompt.to(CUDA), **kwargs)
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), want)
+    gpu.save_pretrained(tmp_path)
+    loaded = model_class(backbone).from_pretrained(tmp_path).to(CUDA)
+    inputs = on(batch(backbone), CUDA)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**inputs).logits, gpu(**inputs).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head", sorted(HEAD_CASES))
+def test_bf16_weights_and_autocast(head):
+    fp32 = training_model("llama", head).to(CUDA)
+    inputs = on(batch("llama"), CUDA)
+    want = fp32(**inputs).loss
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        autocast = fp32(**inputs).loss
+    autocast.backward()
+    assert all(p.grad is None or (p.grad.dtype == torch.float32 and p.grad.isfinite().all())
+               for p in fp32.parameters())
+    bf16 = training_model("llama", head).to(CUDA, torch.bfloat16)
+    low = bf16(**inputs).loss
+    low.backward()
+    assert all(p.grad is None or (p.grad.dtype == torch.bfloat16 and p.grad.isfinite().all())
+               for p in bf16.parameters())
+    for loss in (autocast, low):
+        assert loss.dtype == torch.float32
+        torch.testing.assert_close(loss, want, rtol=5e-2, atol=0)
+
+
+def test_fused_losses_equal_cpu():
+    from test_fused_losses import fused_loss, mixture_problem
+
+    params, labels = mixture_problem(n=300, vocab=1000, d=64)
+    want = fused_loss(*params, labels)
+    want_grads = torch.autograd.grad(want, params)
+    on_gpu = [p.detach().to(CUDA).requires_grad_() for p in params]
+    got = fused_loss(*on_gpu, labels.to(CUDA))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+    for g_got, g_want in zip(torch.autograd.grad(got, on_gpu), want_grads):
+        torch.testing.assert_close(g_got.cpu(), g_want, rtol=1e-3, atol=1e-4)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        low = fused_loss(*on_gpu, labels.to(CUDA))
+    torch.testing.assert_close(low.cpu(), want, rtol=2e-2, atol=0)
