@@ -47,12 +47,16 @@ class BilinearHead(SoftmaxHead):
     def reset_parameters(self) -> None:
         self.map.reset()
         init.zeros_(self.bias)
+        self.reset_label_source()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings
 
     def context(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.map(hidden)
+
+    def context_flops(self) -> int:
+        return 2 * self.dims.embed_dim * self.dims.hidden_dim
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """`W_l = I` reproduces a tied original exactly. For an untied original (or d != d_h)

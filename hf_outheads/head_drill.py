@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from transformers import initialization as init
 
 from .options import HeadDims, choice, flag, integer, number, require_tied_width
-from .softmax import SoftmaxHead, SoftmaxOptions
+from .softmax import EncodedLabelsOptions, SoftmaxHead
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
 SLOPE_AT_ZERO = {"sigmoid": 0.25, "relu": 1.0, "tanh": 1.0}  # act(x) ~ act(0) + slope * x
@@ -53,7 +53,7 @@ DROPOUT_POSITIONS = ("input", "output")
 
 
 @dataclass
-class DrillOptions(SoftmaxOptions):
+class DrillOptions(EncodedLabelsOptions):
     """depth: k label-encoder layers (0 = `tied`); activation: relu / sigmoid / tanh;
     dropout: rate between layers (None: 0.1 from scratch, 0 when converted); dropout_kind:
     "locked" (variational: one `(1, d)` mask shared by every vocabulary row, per layer and
@@ -200,6 +200,7 @@ class DrillHead(SoftmaxHead):
             init.uniform_(layer.weight, -0.1, 0.1)  # paper and reference code
             init.uniform_(layer.bias, -bound, bound)  # reference: nn.Linear's default
         init.zeros_(self.bias)
+        self.reset_label_source()
 
     def encode_layer(self, i: int, previous: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """`E^(i)` from `E^(i-1)` (Eq. 9, 10, 12); i counts from 0."""
@@ -217,6 +218,9 @@ class DrillHead(SoftmaxHead):
         for i in range(len(self.layers)):
             out = self.encode_layer(i, out, embeddings)
         return out
+
+    def label_flops(self) -> int:
+        return len(self.layers) * 2 * self.dims.vocab_size * self.dims.embed_dim**2
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """Fit each layer so that `E^(i) ~= E` and `E^(k) ~= W` (the original head), up to a

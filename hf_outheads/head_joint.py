@@ -102,12 +102,22 @@ class JointHead(SoftmaxHead):
             if proj is not None:
                 proj.reset()
         init.zeros_(self.bias)
+        self.reset_label_source()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return self.act(self.out_proj(embeddings)) if self.out_proj is not None else embeddings
 
     def context(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.in_act(self.in_proj(hidden)) if self.in_proj is not None else hidden
+
+    def label_flops(self) -> int:
+        return 2 * self.dims.vocab_size * self.dims.embed_dim * self.options.joint_dim if self.out_proj is not None else 0
+
+    def context_flops(self) -> int:
+        return 2 * self.dims.hidden_dim * self.options.joint_dim if self.in_proj is not None else 0
+
+    def score_width(self) -> int:
+        return self.options.joint_dim
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """Start from `E M h + b`, `M = I` for a tied original, else the least-squares fit of

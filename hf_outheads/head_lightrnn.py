@@ -208,6 +208,13 @@ class LightRNNHead(PriorAndLatents, OutputHead):
             self._add_costs(states[0].detach(), states[1].detach(), s2.detach(), labels, row, params)
         return HeadOutput(logits=None, nll_sum=nll)
 
+    def forward_flops(self, num_positions: int) -> int:
+        """Training loss path per position: K latents and K column latents from `d_h`, the prior,
+        K first-code scores over `F + R` and K column scores over the label's row (`C`); the
+        table's re-assignment statistics are not counted."""
+        (f, r, c), K, d, d_h = self.table, self.num_components, self.latent_size, self.dims.hidden_dim
+        return num_positions * (2 * 2 * d_h * K * d + 2 * d_h * K + 2 * K * d * (f + r + c))
+
     # ----- learning the table (the interface's periodic update) -----
     def periodic_update(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:
         """`reassign_codes`, its statistics as `code_*` metrics."""
@@ -286,7 +293,7 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         `set_word_counts` re-draws the default table, so that the codes' parameters follow their words."""
         d, d_h, eps = self.latent_size, self.dims.hidden_dim, self.conversion_scale
         A = torch.eye(d, d_h) if d >= d_h else torch.linalg.svd(weight.float(), full_matrices=False)[2][:d]
-        self.latents[0].weight.copy_((A * eps).repeat(self.num_components, 1))
+        self.set_latent_map(0, (A * eps).repeat(self.num_components, 1))
         self.latents[0].bias.zero_()
         self._conversion = (weight.float() @ A.T.to(weight.device) / eps, bias.float())
         self.convert_codes(*self._conversion)

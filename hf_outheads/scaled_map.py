@@ -29,14 +29,14 @@ from torch import nn
 from transformers import initialization as init
 
 from .options import choice, number
-from .softmax import SoftmaxOptions
+from .softmax import EncodedLabelsOptions
 
 INITS = ("identity", "uniform")
 REFERENCE_BOUND = 0.1  # the reference codes' init: every parameter uniform(-0.1, 0.1)
 
 
 @dataclass
-class MapOptions(SoftmaxOptions):
+class MapOptions(EncodedLabelsOptions):
     """init: "identity" (the maps start at a (semi-)identity: the head starts as `tied`) or
     "uniform" (the reference codes); map_scale: how far a step of the stored parameter moves a
     map (1: the plain form; the paper form is `init: uniform, map_scale: 1`); None: 0.01 from

@@ -137,7 +137,8 @@ def test_untied_latent_dim_and_saved_defaults():
     assert model.head.weight.shape == (99, 16) and model.head.latents[0].weight.shape == (3 * 16, 32)
     defaults = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos").head_options
     assert defaults == {"latent_dim": None, "tied": False, "latent_activation": "identity", "latent_dropout": 0.0,
-                        "dropout_kind": "locked", "latent_init": "identity", "num_components": 15}
+                        "dropout_kind": "locked", "latent_init": "identity", "map_scale": 1.0,
+                        "num_components": 15}
 
 
 def convert(name, **options):

@@ -92,7 +92,7 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
             tail = (run_dir / "train.log").read_text().strip().splitlines()[-5:]
             print(f"=== {name} seed {seed} failed:\n" + "\n".join(tail), flush=True)
             return {"name": name, "seed": seed, "error": tail[-1] if tail else f"exit code {done.returncode}"}
-    curve = [{k: r[k] for k in ("step", "train_seconds", *dict(METRICS)) if k in r}
+    curve = [{k: r[k] for k in ("step", "train_seconds", "train_flops", *dict(METRICS)) if k in r}
              for r in read_metrics(run_dir) if any(m in r for m in dict(METRICS))]
     return {"name": name, "head": spec[0], "head_options": spec[1], "seed": seed,
             **json.loads(results_path.read_text()), "curve": curve}

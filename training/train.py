@@ -24,6 +24,8 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, get_scheduler
 
 from hf_outheads import IGNORE_INDEX
+from hf_outheads.flops import training_flops_per_step
+from hf_outheads.frequency_bands import FrequencyBands
 from training import data as data_lib
 from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from training.evaluation import evaluate_perplexity, generate_texts, generation_scores, sample_text
@@ -101,8 +103,17 @@ def total_steps(options, train_dl) -> int:
     return math.ceil(options.num_train_epochs * math.ceil(len(train_dl) / options.gradient_accumulation_steps))
 
 
-def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final: bool = False) -> dict:
-    results = evaluate_perplexity(accelerator, model, eval_dl, options.task)
+def step_flops(model, options, processes: int) -> int:
+    """Analytic FLOPs of one optimizer step (`hf_outheads.flops`); seq2seq at the length limits."""
+    sequences = options.per_device_train_batch_size * options.gradient_accumulation_steps * processes
+    if options.task == "causal_lm":
+        return training_flops_per_step(model, sequences * options.block_size, options.block_size)
+    return training_flops_per_step(model, sequences * options.max_target_length, options.max_target_length,
+                                   sequences * options.max_source_length, options.max_source_length)
+
+
+def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final: bool = False, bands=None) -> dict:
+    results = evaluate_perplexity(accelerator, model, eval_dl, options.task, bands)
     if gen_dl is not None:
         sources, predictions, references = generate_texts(accelerator, model, gen_dl, tokenizer, options)
         results["eval_generated"] = len(predictions)
@@ -159,6 +170,7 @@ class PreparedRun:
     validation_split: object
     n_validation: int | None
     counts: dict
+    word_counts: torch.Tensor  # training-set count of every word (frequency bands)
     max_steps: int
     progress: Progress
     log: MetricsLog
@@ -177,12 +189,14 @@ def prepare_run(options) -> PreparedRun:
     train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
     model = build_model(options, tokenizer)
     tokenizer.model_max_length = position_limit(model) or tokenizer.model_max_length  # saved with the model
-    model.head.set_word_counts(torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size)))
+    word_counts = torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size))
+    model.head.set_word_counts(word_counts)
     if tokenizer.pad_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if options.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     counts, optimizer = parameter_counts(model), make_optimizer(model, options)
+    counts["train_flops_per_step"] = step_flops(model, options, accelerator.num_processes)
     model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
     max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
     scheduler = accelerator.prepare(get_scheduler(  # accelerate steps it once per process
@@ -196,13 +210,14 @@ def prepare_run(options) -> PreparedRun:
                  "validation_examples": n_validation, "max_steps": max_steps}, 0)
     return PreparedRun(options=options, accelerator=accelerator, tokenizer=tokenizer, model=model, optimizer=optimizer,
                        scheduler=scheduler, train_dl=train_dl, eval_dl=eval_dl, gen_dl=gen_dl,
-                       validation_split=validation_split, n_validation=n_validation, counts=counts,
+                       validation_split=validation_split, n_validation=n_validation, counts=counts, word_counts=word_counts,
                        max_steps=max_steps, progress=progress, log=log)
 
 
 def final_results(run, step_times) -> dict:
     options, accelerator = run.options, run.accelerator
-    results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True)
+    results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True,
+                           bands=FrequencyBands(run.word_counts))
     results.update(run.counts, validation_examples=run.n_validation,
                    train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
     if options.task == "causal_lm" and accelerator.is_main_process:
@@ -230,7 +245,8 @@ def training_function(options) -> dict:
     accelerator = run.accelerator
 
     def evaluate():
-        return evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
+        return {**evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options),
+                "train_flops": run.progress.step * run.counts["train_flops_per_step"]}
 
     def save():
         save_checkpoint(accelerator, run.model, options.output_dir, vars(run.progress), options.save_total_limit)
@@ -244,6 +260,7 @@ def training_function(options) -> dict:
         accelerator.end_training()
         return {"interrupted": True, "step": run.progress.step}
     results = final_results(run, step_times)
+    results["train_flops"] = run.progress.step * run.counts["train_flops_per_step"]
     run.log.log({"event": "final", "train_seconds": sum(step_times),
                  **{k: v for k, v in results.items() if k not in ("samples", "sample")}}, run.progress.step)
     accelerator.wait_for_everyone()
