@@ -24,14 +24,13 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, get_scheduler
 
 from hf_outheads import IGNORE_INDEX
-from hf_outheads.flops import training_flops_per_step
 from hf_outheads.frequency_bands import FrequencyBands
 from training import data as data_lib
 from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from training.evaluation import evaluate_perplexity, generate_texts, generation_scores, sample_text
 from training.launching import check_process_count, force_cpu
 from training.loop import train_loop
-from training.modeling import build_model, parameter_counts, position_limit
+from training.modeling import build_model, parameter_counts, position_limit, step_flops
 from training.options import TrainOptions, parse_options
 from training.publish import finish_run
 from training.tokenization import TRAINABLE, load_pretrained_tokenizer, train_tokenizer
@@ -101,15 +100,6 @@ def total_steps(options, train_dl) -> int:
     if not hasattr(train_dl, "__len__"):
         raise ValueError("A streamed dataset has no length: set max_steps.")
     return math.ceil(options.num_train_epochs * math.ceil(len(train_dl) / options.gradient_accumulation_steps))
-
-
-def step_flops(model, options, processes: int) -> int:
-    """Analytic FLOPs of one optimizer step (`hf_outheads.flops`); seq2seq at the length limits."""
-    sequences = options.per_device_train_batch_size * options.gradient_accumulation_steps * processes
-    if options.task == "causal_lm":
-        return training_flops_per_step(model, sequences * options.block_size, options.block_size)
-    return training_flops_per_step(model, sequences * options.max_target_length, options.max_target_length,
-                                   sequences * options.max_source_length, options.max_source_length)
 
 
 def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final: bool = False, bands=None) -> dict:
