@@ -51,6 +51,7 @@ class MixtureOptions(HeadOptions):
     map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
     scratch_defaults: ClassVar[dict] = {"map_scale": 1.0}
     conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
+    saved_defaults: ClassVar[dict] = {"map_scale": 1.0}  # configs saved before the option: plain maps
 
     def complete(self, dims: HeadDims) -> None:
         if self.tied and self.latent_dim not in (None, dims.embed_dim):
