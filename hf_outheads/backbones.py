@@ -6,7 +6,7 @@ from __future__ import annotations
 from .head_interface import HeadDims
 
 # model_type -> (config attribute, exponent): the final hidden state is multiplied by
-# config.<attribute> ** exponent before the head, when the family's LM head is tied.
+# config.<attribute> ** exponent before the head, when the config's scale flag is set.
 # T5 rescales its decoder output by d_model ** -0.5 (T5ForConditionalGeneration.forward).
 TIED_OUTPUT_SCALE = {
     "t5": ("d_model", -0.5),
@@ -14,6 +14,11 @@ TIED_OUTPUT_SCALE = {
     "umt5": ("d_model", -0.5),
     "longt5": ("d_model", -0.5),
 }
+
+# Config attributes that say whether the family applies that scale, first one present wins:
+# T5's `scale_decoder_outputs` (transformers 5, whose T5Config always sets tie_word_embeddings;
+# False for T5 v1.1), else `tie_word_embeddings` (the flag before it).
+OUTPUT_SCALE_FLAGS = ("scale_decoder_outputs", "tie_word_embeddings")
 
 # Names of buffers of the original *ForConditionalGeneration / *ForCausalLM that hold a
 # per-word output bias added to the logits (BART, mBART, Marian, Pegasus, Blenderbot).
@@ -29,7 +34,8 @@ OUTPUT_WIDTH_ATTRIBUTE = {"opt": "word_embed_proj_dim"}
 def hidden_scale(text_config) -> float:
     """Factor applied to the final hidden state before the head (1.0 for most families)."""
     rule = TIED_OUTPUT_SCALE.get(text_config.model_type)
-    if rule is None or not getattr(text_config, "tie_word_embeddings", False):
+    flag = next((getattr(text_config, n) for n in OUTPUT_SCALE_FLAGS if getattr(text_config, n, None) is not None), False)
+    if rule is None or not flag:
         return 1.0
     attribute, exponent = rule
     return float(getattr(text_config, attribute)) ** exponent

@@ -29,10 +29,11 @@ class OutHeadsConfig(PretrainedConfig):
     """Configuration of an `OutHeadsFor*` model.
 
     Args:
-        text_config: the backbone's config (object, or dict with `model_type`). Required to build
-            a model; `OutHeadsConfig()` alone (which transformers builds internally) has none.
-        head_type: one of the registered heads (`linear`, `tied`, `bilinear`, ...); required in
-            a saved config.json.
+        text_config: the backbone's config (object, or dict with `model_type`). Required with
+            any other argument; `OutHeadsConfig()` alone (which transformers builds internally
+            for its defaults) has none, and no model can be built from it.
+        head_type: one of the registered heads (`linear`, `tied`, `bilinear`, ...); `tied` when
+            omitted; required in a saved config.json.
         head_options: the head's hyper-parameters; omitted ones take the papers' defaults.
             Stored fully expanded, so a saved config states every value used.
         hidden_scale: positive factor on the final hidden state before the head; derived from
@@ -50,7 +51,7 @@ class OutHeadsConfig(PretrainedConfig):
     sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="gpt2", optional=True)}
 
     text_config: dict | PretrainedConfig | None = None
-    head_type: str = "tied"
+    head_type: str | None = None  # "tied" once a text_config is given; None only in the argument-less config
     head_options: dict | None = None
     hidden_scale: float | None = None
     vocab_size: int | None = None
@@ -66,7 +67,12 @@ class OutHeadsConfig(PretrainedConfig):
         super().__post_init__(**kwargs)
         text = self.text_config
         if text is None:  # the argument-less config transformers builds (diffs, defaults): no model from it
+            given = [key for key in ("head_type", "head_options") if getattr(self, key) is not None]
+            if given:  # it would save, then fail to load (from_dict) or to build a model: refuse it now
+                raise ValueError(f"OutHeadsConfig got {' and '.join(given)} but no text_config (backbone config). "
+                                 f"{FROM_BACKBONE}")
             return
+        self.head_type = "tied" if self.head_type is None else self.head_type
         if self.vocab_size is not None and self.vocab_size != text.vocab_size:
             raise ValueError(
                 f"vocab_size={self.vocab_size} does not match the backbone's vocab_size={text.vocab_size}. "

@@ -43,11 +43,8 @@ def original_lm_head(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor
         raise ValueError(f"{type(model).__name__} has no output embeddings: pass a *ForCausalLM / *ForConditionalGeneration model.")
     weight = head.weight.detach()
     bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
-    if getattr(head, "bias", None) is not None:
-        bias = bias + head.bias.detach()
-    for name in OUTPUT_BIAS_BUFFERS:
-        if hasattr(model, name):
-            bias = bias + getattr(model, name).detach().reshape(-1)
+    for slot in output_bias_slots(model):
+        bias = bias + slot.detach().reshape(-1)
     return weight, bias
 
 
@@ -63,6 +60,42 @@ def backbone_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
         for key, value in model.state_dict().items()
         if key.split(".")[0] not in head_names | set(OUTPUT_BIAS_BUFFERS)
     }
+
+
+def load_backbone_state_dict(model: PreTrainedModel, state: dict[str, torch.Tensor]) -> None:
+    """The inverse of `backbone_state_dict` for a plain LM: load `state` (names of
+    `AutoModel.from_config(model.config)`) into `model`'s backbone, or a ValueError naming the
+    keys that do not fit (only the LM head and its bias buffers may stay unloaded)."""
+    target = model.base_model if model.base_model is not model else model
+    own_head = set(target.state_dict()) - set(backbone_state_dict(model))  # lm_head / bias buffers (T5: on the model)
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    missing = [key for key in missing if key not in own_head]
+    if missing or unexpected:
+        raise ValueError(f"Could not map the backbone's weights onto {type(model).__name__}: missing {missing}, "
+                         f"unexpected {unexpected}. (Adapters: merge them first, e.g. PEFT's merge_and_unload().)")
+
+
+def output_bias_slots(model: PreTrainedModel) -> list[torch.Tensor]:
+    """Where a plain LM adds a per-word bias to its logits (what `original_lm_head` sums):
+    `lm_head.bias` and the family's bias buffers (`OUTPUT_BIAS_BUFFERS`); empty for most."""
+    head = model.get_output_embeddings()
+    slots = [head.bias] if getattr(head, "bias", None) is not None else []
+    return slots + [getattr(model, name) for name in OUTPUT_BIAS_BUFFERS if hasattr(model, name)]
+
+
+@torch.no_grad()
+def write_lm_head(model: PreTrainedModel, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """The inverse of `original_lm_head` for a plain LM: its output matrix becomes `weight`
+    (with tied embeddings that is E itself) and its bias `bias` (None: zero), in the first of
+    `output_bias_slots`; a ValueError for a non-zero bias where the family has no slot."""
+    slots = output_bias_slots(model)
+    if not slots and bias is not None and torch.count_nonzero(bias):
+        raise ValueError(f"{type(model).__name__} adds no bias to its logits: it cannot hold a non-zero output bias.")
+    model.get_output_embeddings().weight.copy_(weight)
+    for slot in slots:
+        slot.zero_()
+    if slots and bias is not None:
+        slots[0].copy_(bias.reshape(slots[0].shape))
 
 
 def origin(pretrained, original: PreTrainedModel) -> str | None:

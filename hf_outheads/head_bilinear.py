@@ -18,8 +18,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from torch import nn
-from transformers import initialization as init
 
 from .options import HeadDims
 from .scaled_map import MapOptions, ScaledMap
@@ -42,11 +40,10 @@ class BilinearHead(SoftmaxHead):
     def __init__(self, options: BilinearOptions, dims: HeadDims):
         super().__init__(options, dims)
         self.map = ScaledMap(dims.hidden_dim, dims.embed_dim, False, self.options)  # W_l
-        self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 
     def reset_parameters(self) -> None:
         self.map.reset()
-        init.zeros_(self.bias)
+        self.reset_bias()
         self.reset_label_source()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
@@ -58,14 +55,16 @@ class BilinearHead(SoftmaxHead):
     def context_flops(self) -> int:
         return 2 * self.dims.embed_dim * self.dims.hidden_dim
 
+    def context_map(self):
+        return self.map.effective_weight(), None  # W_l h
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """`W_l = I` reproduces a tied original exactly. For an untied original (or d != d_h)
         `W_l` is the least-squares fit of `E W_l ~= W` (approximate; returns False)."""
+        exact_bias = self.copy_bias(bias)
         with torch.no_grad():
-            self.bias.copy_(bias)
             if weight.shape == embeddings.shape and torch.equal(weight, embeddings):
                 self.map.set_effective_weight(torch.eye(self.dims.embed_dim, dtype=weight.dtype))
-                return True
+                return exact_bias
             fit = torch.linalg.lstsq(embeddings.float(), weight.float()).solution  # d x d_h
             self.map.set_effective_weight(fit)
         return False

@@ -144,14 +144,16 @@ class _ResidualLayer(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, grad_embeddings, None, None
 
 
-class LabelDropout(nn.Module):
+class LabelDropout(nn.Dropout):
     """Dropout on a label matrix `X` (`|V| x d`), DRILL Sec. 3.2.4: "standard" draws a new
     elementwise mask; "locked" (variational, Gal & Ghahramani 2016) draws one `(1, d)` mask
-    per call, shared by every vocabulary row. Inverted scaling, identity in eval mode."""
+    per call, shared by every vocabulary row. Inverted scaling, identity in eval mode. An
+    `nn.Dropout` (no parameters): what switches every dropout off (`module.p = 0` on each
+    `nn.Dropout`, as TRL's `disable_dropout_in_model`) switches this one off too."""
 
     def __init__(self, p: float, kind: str):
-        super().__init__()
-        self.p, self.kind = p, kind
+        super().__init__(p)
+        self.kind = kind
 
     def active(self) -> bool:
         return self.training and self.p > 0.0
@@ -192,14 +194,13 @@ class DrillHead(SoftmaxHead):
         self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(options.depth))  # U_i, b_i
         self.dropout = LabelDropout(options.dropout, options.dropout_kind)
         self.act = ACTIVATIONS[options.activation]
-        self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 
     def reset_parameters(self) -> None:
         bound = 1.0 / math.sqrt(self.dims.embed_dim)
         for layer in self.layers:
             init.uniform_(layer.weight, -0.1, 0.1)  # paper and reference code
             init.uniform_(layer.bias, -bound, bound)  # reference: nn.Linear's default
-        init.zeros_(self.bias)
+        self.reset_bias()
         self.reset_label_source()
 
     def encode_layer(self, i: int, previous: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
@@ -245,8 +246,8 @@ class DrillHead(SoftmaxHead):
         in that column span). Returns whether the achieved `E^(k)` equals `W` up to a row
         constant (relative 1e-5).
         """
+        exact_bias = self.copy_bias(bias)
         with torch.no_grad():
-            self.bias.copy_(bias)
             target_final, E = weight.float(), embeddings.float()
             if target_final.shape != E.shape:
                 return False
@@ -269,4 +270,4 @@ class DrillHead(SoftmaxHead):
                 previous = branch + previous if self.options.residual_previous and i > 0 else branch
             error = previous - target_final
             error = error - error.mean(dim=0, keepdim=True)
-            return bool(error.abs().max() <= 1e-5 * max(target_final.abs().max().item(), 1.0))
+            return exact_bias and bool(error.abs().max() <= 1e-5 * max(target_final.abs().max().item(), 1.0))

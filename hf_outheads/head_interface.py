@@ -120,6 +120,16 @@ class OutputHead(nn.Module):
         so that `from_backbone` can convert a model with this head to another head; else None."""
         return None
 
+    def equivalent_lm_head(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(weight, bias)` of the plain LM head `weight h + bias` (bias None: no bias) that
+        computes this head's inference-time (eval mode) scores, for `export_plain`; a ValueError
+        saying why when there is none. Default: none, for heads whose distribution is not one
+        softmax of an affine map of `h` (the mixtures `mos`, `doc`, `lightrnn`)."""
+        raise ValueError(
+            f"Head '{self.head_type}' has no plain equivalent: its next-token distribution is not one softmax of "
+            "an affine map of the hidden state (a mixture of softmaxes is not a softmax), so no stock transformers "
+            "LM head computes it. Serve the model with hf_outheads (or trust_remote_code=True).")
+
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Training-set frequency of every word (`|V|` counts). Training pipelines call it once
         before training, for any head; heads that use word frequencies (a unigram sampling

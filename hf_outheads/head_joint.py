@@ -36,8 +36,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch import nn
-from transformers import initialization as init
 
 from .options import HeadDims, choice, integer
 from .scaled_map import MapOptions, ScaledMap
@@ -55,7 +53,8 @@ class JointOptions(MapOptions):
     / tanh (paper) / sigmoid / relu; form: both / output / context / bilinear (Table 3);
     init: identity (default, starts as `tied`) / uniform (reference code); map_scale: how far a
     step of the stored parameters moves U and V (1: the plain form; None: 0.01 from scratch,
-    1 when converted)."""
+    1 when converted); output_bias False: neither `b` nor `b_v` (whose score `g_out(e_w) . b_v` is
+    a per-word bias too)."""
 
     head_type: ClassVar[str] = "joint"
 
@@ -89,10 +88,11 @@ class JointHead(SoftmaxHead):
             return ScaledMap(in_dim, d_j, bias, options, gain=1.0 / SLOPE_AT_ZERO[options.activation])
 
         self.out_proj = scaled_map(dims.embed_dim) if form in ("both", "output") else None  # U, b_u
-        self.in_proj = scaled_map(dims.hidden_dim, bias=form != "bilinear") if form != "output" else None  # V, b_v
+        has_b_v = form != "bilinear" and options.output_bias
+        self.in_proj = scaled_map(dims.hidden_dim, bias=has_b_v) if form != "output" else None  # V, b_v
         self.act = ACTIVATIONS[options.activation]
-        self.in_act = self.act if form in ("both", "context") else ACTIVATIONS["identity"]
-        self.bias = nn.Parameter(torch.empty(dims.vocab_size))
+        self.in_act_name = options.activation if form in ("both", "context") else "identity"
+        self.in_act = ACTIVATIONS[self.in_act_name]
 
     def reset_parameters(self) -> None:
         """"identity": each projection starts at a (semi-)identity over the activation's slope at
@@ -101,7 +101,7 @@ class JointHead(SoftmaxHead):
         for proj in (self.out_proj, self.in_proj):
             if proj is not None:
                 proj.reset()
-        init.zeros_(self.bias)
+        self.reset_bias()
         self.reset_label_source()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
@@ -118,6 +118,18 @@ class JointHead(SoftmaxHead):
 
     def score_width(self) -> int:
         return self.options.joint_dim
+
+    def context_map(self):
+        """`(V, b_v)`; not affine (a ValueError) when `g_in` has a tanh / sigmoid / relu."""
+        if self.in_proj is None:
+            return None, None
+        if self.in_act_name != "identity":
+            raise ValueError(
+                f"Head 'joint': its context g_in(h) = {self.in_act_name}(V h + b_v) is not an affine map of h, so "
+                "no plain LM head computes its scores. Train with activation 'identity' (the default), or form "
+                "'output' or 'bilinear', to export exactly; or serve it with hf_outheads.")
+        bias = None if self.in_proj.bias is None else self.in_proj.bias.detach()
+        return self.in_proj.effective_weight().detach(), bias
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """Start from `E M h + b`, `M = I` for a tied original, else the least-squares fit of
@@ -165,13 +177,14 @@ class JointHead(SoftmaxHead):
             offset = torch.zeros(1, dtype=E.dtype, device=E.device)
             if V is not None:
                 self.in_proj.set_effective_weight(V)
+                b_v = torch.zeros_like(V[:, 0])
                 if self.in_proj.bias is not None:
-                    b_v = 3.0 * V.norm(dim=1) if act_name == "relu" else torch.zeros_like(V[:, 0])
+                    b_v = 3.0 * V.norm(dim=1) if act_name == "relu" else b_v
                     self.in_proj.bias.copy_(b_v)
-                    offset = g_out @ self.in_act(b_v)  # per-word score of g_in's resting value
-            self.bias.copy_(bias.float() - offset)
+                offset = g_out @ self.in_act(b_v)  # per-word score of g_in's resting value
+        exact_bias = self.copy_bias(bias.float() - offset)
         exact_form = linear or (act_name == "relu" and form == "output")
-        return bool(tied and exact_form and (form != "both" or d_j >= E.shape[1]))
+        return bool(exact_bias and tied and exact_form and (form != "both" or d_j >= E.shape[1]))
 
     def _factor(self, M: torch.Tensor, tied: bool, rotate: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """`U` (`d x d_j`), `V` (`d_j x d_h`) with `U V = M` up to rank `d_j`."""

@@ -130,7 +130,7 @@ class LightRNNHead(PriorAndLatents, OutputHead):
         h, K, d = inputs.hidden, self.num_components, self.latent_size
         k = self.latent_states(inputs).float()
         pre = self.column_latents(h).unflatten(-1, (K, d)).float()
-        mask = self.latent_dropout(torch.ones_like(pre)) if self.training and self.options.latent_dropout else None
+        mask = self.latent_dropout(torch.ones_like(pre)) if self.training and self.dropout.p else None
         log_prior = self.log_prior(h)
         flat = lambda t: None if t is None else t.reshape(-1, K, d)
         return log_prior.reshape(-1, log_prior.shape[-1]), flat(k), flat(pre), flat(mask)

@@ -25,11 +25,10 @@ class LinearHead(SoftmaxHead):
     def __init__(self, options: LinearOptions, dims: HeadDims):
         super().__init__(options, dims)
         self.weight = nn.Parameter(torch.empty(dims.vocab_size, dims.hidden_dim))
-        self.bias = nn.Parameter(torch.empty(dims.vocab_size))
 
     def reset_parameters(self, std: float = 0.02) -> None:
         init.normal_(self.weight, mean=0.0, std=std)
-        init.zeros_(self.bias)
+        self.reset_bias()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return self.weight
@@ -38,10 +37,9 @@ class LinearHead(SoftmaxHead):
         return self.dims.hidden_dim
 
     def plain_lm_head(self, embeddings):
-        return self.weight.detach(), self.bias.detach()
+        return self.weight.detach(), self.bias_or_zeros(self.weight)
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         with torch.no_grad():
             self.weight.copy_(weight)
-            self.bias.copy_(bias)
-        return True
+        return self.copy_bias(bias)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from torch import nn
-from transformers import initialization as init
 
 from .options import HeadDims, require_tied_width
 from .softmax import SoftmaxHead, SoftmaxOptions
@@ -26,20 +24,15 @@ class TiedHead(SoftmaxHead):
     head_type = "tied"
     Options = TiedOptions
 
-    def __init__(self, options: TiedOptions, dims: HeadDims):
-        super().__init__(options, dims)
-        self.bias = nn.Parameter(torch.empty(dims.vocab_size))
-
     def reset_parameters(self) -> None:
-        init.zeros_(self.bias)
+        self.reset_bias()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings
 
     def plain_lm_head(self, embeddings):
-        return embeddings.detach(), self.bias.detach()
+        return embeddings.detach(), self.bias_or_zeros(embeddings)
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
-        with torch.no_grad():
-            self.bias.copy_(bias)
-        return weight.shape == embeddings.shape and torch.equal(weight, embeddings)
+        exact_bias = self.copy_bias(bias)
+        return exact_bias and weight.shape == embeddings.shape and torch.equal(weight, embeddings)

@@ -108,8 +108,18 @@ def effective_embedding_weight(module: torch.nn.Module) -> torch.Tensor:
 
 class LibraryHooks:
     """The `OutHeadsFor*` methods that libraries call on a model's output layer: the output
-    embeddings (the head), TRL's fused LM head, resizing, and the Hub model card. Mixed into
+    embeddings (the head), TRL's fused LM head, resizing, the Hub model card and the plain export
+    (`export_plain`). Mixed into
     `OutHeadsPreTrainedModel` before `PreTrainedModel`."""
+
+    def _initialize_weights(self, module, is_custom_code: bool = False):
+        """As transformers', except that a head without parameters of its own (`bilinear` or
+        `drill` with `output_bias=False`: its weights are in sub-modules) still gets
+        `reset_parameters`: for custom code transformers skips a module whose own parameters
+        are all initialised, which such a head vacuously is. Its init goes through
+        `transformers.initialization`, which leaves loaded tensors alone."""
+        bare_head = isinstance(module, OutputHead) and next(module.parameters(recurse=False), None) is None
+        return super()._initialize_weights(module, is_custom_code and not bare_head)
 
     def get_output_embeddings(self) -> OutputHead:
         """The output layer: the head, for every head type. Its scores are not `W h + b` in
@@ -179,6 +189,14 @@ class LibraryHooks:
         from .model_card import build_model_card
 
         return build_model_card(self, repo_id, tags)
+
+    def export_plain(self, path, tokenizer=None, **kwargs):
+        """Write this model as its backbone's own transformers class (`GPT2LMHeadModel`,
+        `LlamaForCausalLM`, `T5ForConditionalGeneration`, ...), which loads without this package:
+        see `export_plain.export_plain` for the keyword arguments and what exports exactly."""
+        from .export_plain import export_plain
+
+        return export_plain(self, path, tokenizer, **kwargs)
 
     def _upload_modified_files(self, working_dir, repo_id, *args, **kwargs):
         """Hook of `push_to_hub` / `save_pretrained(push_to_hub=True)`, called after the folder

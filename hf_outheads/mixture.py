@@ -92,6 +92,7 @@ class PriorAndLatents:
         prior = nn.Linear(hidden_dim, self.num_components, bias=False)  # drawn either way: same seed, same init
         self.prior = prior if with_prior else None
         self.latents = nn.ModuleList(nn.Linear(hidden_dim, c * latent_size) for _, c in self.groups)
+        self.dropout = nn.Dropout(self.options.latent_dropout)  # holds the rate: see latent_dropout
 
     @property
     def layer_indices(self) -> tuple[int, ...]:
@@ -173,8 +174,10 @@ class PriorAndLatents:
 
     def latent_dropout(self, k: torch.Tensor) -> torch.Tensor:
         """Locked: the mask is drawn per sequence (first dim) and shared over time steps,
-        `(B, 1, J, d)` for `(B, T, J, d)` latents; `doc` also shares it over components."""
-        p = self.options.latent_dropout
+        `(B, 1, J, d)` for `(B, T, J, d)` latents; `doc` also shares it over components. The rate
+        is `self.dropout.p` (an `nn.Dropout`, no state), so the switches that set every dropout's
+        `p` to 0 (TRL's `disable_dropout_in_model`) reach it."""
+        p = self.dropout.p
         if not self.training or p == 0:
             return k
         if self.options.dropout_kind == "standard":

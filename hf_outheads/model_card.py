@@ -115,3 +115,47 @@ A `{text.model_type}` {"encoder-decoder" if seq2seq else "decoder-only"} backbon
 The tokenizer is the backbone's: upload it next to the model (`tokenizer.push_to_hub`).
 """
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+
+
+def build_plain_model_card(model, export):
+    """The README of a plain export (`export_plain`): the stock class it loads as, the head it
+    was trained with (and its papers), and whether its logits are the trained model's."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    config, text = model.config, model.config.text_config
+    auto_class = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
+    papers = [f"arxiv:{paper}" for paper in HEAD_PAPERS.get(config.head_type, ())]
+    data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag(auto_class),
+                         base_model=hub_base_model(getattr(config, "base_model", None)),
+                         tags=[text.model_type, f"outheads-{config.head_type}", "hf_outheads-export", *papers])
+    if export.exact:
+        fidelity = ("Its logits are the trained model's (up to float rounding): the head's scores were folded "
+                    "into the output matrix exactly.")
+    else:
+        fidelity = (f"It is an approximation: {export.architecture} adds no output bias to its logits, so the "
+                    "head's per-word bias was dropped.")
+    if export.mean_kl is not None:
+        fidelity += f" Mean KL divergence from the trained model's next-token distributions on the text given at export: {export.mean_kl:.3g} nats per position."
+    body = f"""# `{text.model_type}` trained with the `{config.head_type}` output head, exported as `{export.architecture}`
+
+This checkpoint was trained with the `{config.head_type}` output head of the `hf_outheads` package and
+exported as the backbone's own transformers class (`model.export_plain`): the head's inference-time
+label matrix (and its context map, where it has one) became the output matrix. {fidelity}
+
+**Head it was trained with.** {head_summary(model.head)}
+
+{options_section(config.head_options)}
+
+## Usage
+
+```python
+from transformers import {auto_class}
+
+# A stock {export.architecture}: no hf_outheads, no trust_remote_code.
+model = {auto_class}.from_pretrained("{PLACEHOLDER_REPO}")
+```
+
+Serving stacks, converters and quantizers that know `{export.architecture}` run it as is. Training it
+further trains a plain `{export.architecture}`, not the `{config.head_type}` head.
+"""
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")

@@ -6,12 +6,10 @@ The classes only use the head interface of `head_interface.py`; they never look 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import AutoModel, GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_outheads import OutHeadsConfig
@@ -19,40 +17,8 @@ from .head_catalog import get_head_class
 from .backbones import head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead
 from .integrations import LibraryHooks, effective_embedding_weight
+from .model_io import OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, shift_right
 from .model_card import model_tags
-
-
-@dataclass
-class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
-    """`CausalLMOutputWithPast` plus `aux_loss`, a head's extra training term (already in `loss`)."""
-
-    aux_loss: torch.Tensor | None = None
-
-
-@dataclass
-class OutHeadsSeq2SeqLMOutput(Seq2SeqLMOutput):
-    """`Seq2SeqLMOutput` plus `aux_loss`, a head's extra training term (already in `loss`)."""
-
-    aux_loss: torch.Tensor | None = None
-
-
-def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id: int) -> torch.Tensor:
-    """Decoder inputs from labels (`-100` becomes padding), as BART and T5 do it."""
-    if decoder_start_token_id is None or pad_token_id is None:
-        raise ValueError("Set decoder_start_token_id and pad_token_id on the config to train from labels.")
-    shifted = labels.new_full(labels.shape, decoder_start_token_id)
-    shifted[:, 1:] = labels[:, :-1]
-    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_token_id)
-
-
-def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
-    """Every label is -100 (ignored) or a word id in [0, vocab_size): one check for every head."""
-    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
-    if bad.any():
-        raise ValueError(
-            f"labels must be -100 (ignored) or a token id in [0, {vocab_size}); got {labels[bad][:5].tolist()}. "
-            "Mask padding with -100, and check the tokenizer matches the model's vocabulary."
-        )
 
 
 class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
@@ -66,6 +32,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 
     def __init__(self, config: OutHeadsConfig):
         options = config.build_head_options()  # a config without a backbone (text_config) or with bad options fails here
+        check_backbone_kind(type(self), config)  # AutoModelForCausalLM on a seq2seq folder (or the reverse) fails here
         super().__init__(config)
         self.backbone = AutoModel.from_config(config.text_config)
         with torch.random.fork_rng(devices=[]):  # see _init_weights
@@ -181,33 +148,36 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
     """A decoder-only backbone (GPT-2, Llama, Qwen2, Mistral, ...) with an output head."""
 
+    encoder_decoder = False  # the backbone kind this class runs (model_io.check_backbone_kind)
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # the name before transformers 5.24, as its models
     @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
         self,
         input_ids=None,
         attention_mask=None,
         position_ids=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         labels=None,
         use_cache=None,
         output_hidden_states=None,
         logits_to_keep: int | torch.Tensor = 0,
         return_logits: bool | None = None,
-        shift_labels=None,
         fused_lm_head: bool = False,
         **kwargs,
     ) -> OutHeadsCausalLMOutput:
         """`labels` are the input ids (shifted here); `shift_labels` are already shifted (label of
-        position t = token t + 1), as transformers' causal LMs accept them. `fused_lm_head=True`:
-        TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
+        position t = token t + 1), as transformers' causal LMs accept them: in `kwargs`, as theirs, so
+        that Trainer's label names (every forward parameter named `*label*`) are `["labels"]`.
+        `fused_lm_head=True`: TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        num_items_in_batch, shift_labels = kwargs.pop("num_items_in_batch", None), kwargs.pop("shift_labels", None)
         outputs = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=ask_hidden,
@@ -229,7 +199,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             loss=loss,
             aux_loss=aux_loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            cache=outputs.cache,
             hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden),
             attentions=outputs.attentions,
         )
@@ -238,10 +208,13 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
 class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
     """An encoder-decoder backbone (T5, BART, Marian, ...) with an output head on the decoder."""
 
+    encoder_decoder = True
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         text = self.config.text_config
         return shift_right(labels, text.decoder_start_token_id, text.pad_token_id)
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # the name before transformers 5.24, as its models
     @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
         self,
@@ -250,7 +223,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
         decoder_input_ids=None,
         decoder_attention_mask=None,
         encoder_outputs=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         labels=None,
@@ -270,7 +243,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -285,7 +258,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             loss=loss,
             aux_loss=aux_loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            cache=outputs.cache,
             decoder_hidden_states=self._returned_hidden_states(outputs.decoder_hidden_states, return_hidden),
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

@@ -27,7 +27,7 @@ from transformers import initialization as init
 
 from .head_interface import HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits, word_count_vector
 from .losses import linear_cross_entropy
-from .options import HeadOptions, choice, number
+from .options import HeadOptions, choice, flag, number
 from .sampled_softmax import sampled_nll_sum
 
 TRAINING_LOSSES = ("full", "chunked", "sampled")
@@ -40,13 +40,16 @@ class SoftmaxOptions(HeadOptions):
     """training_loss: "full" (logits and cross-entropy, as transformers), "chunked" (exact
     loss without logits) or "sampled" (candidate-set sampled softmax, training only);
     sampled_fraction: share of the vocabulary in the candidate set (paper: 0.25; Table 4 also
-    0.05, 0.5); sampled_proposal: "uniform" (paper) or "unigram" (needs `set_word_counts`)."""
+    0.05, 0.5); sampled_proposal: "uniform" (paper) or "unigram" (needs `set_word_counts`);
+    output_bias: learn a per-word output bias `b` (the papers' form); False: no bias, so that
+    the trained head exports exactly as a stock LM head without one (GPT-2, Llama, T5, ...)."""
 
     head_type: ClassVar[str] = "softmax"  # each head subclasses these with its own name
 
     training_loss: str = choice("full", TRAINING_LOSSES)
     sampled_fraction: float = number(0.25, 0.0, 1.0, open_low=True)
     sampled_proposal: str = choice("uniform", PROPOSALS)
+    output_bias: bool = flag(True)
 
 
 @dataclass
@@ -76,6 +79,8 @@ class SoftmaxHead(OutputHead):
 
     def __init__(self, options, dims):
         super().__init__(options, dims)
+        bias = nn.Parameter(torch.empty(dims.vocab_size)) if self.options.output_bias else None
+        self.register_parameter("bias", bias)  # `b`, per word; None with output_bias=False
         self._label_cache: tuple | None = None  # (copies of the inputs, their key, label matrix)
         self._generating = self._checked = False
         self._log_unigram: torch.Tensor | None = None
@@ -125,6 +130,50 @@ class SoftmaxHead(OutputHead):
         softmax; a `sampled` training loss scores fewer words, not counted here)."""
         per_position = self.context_flops() + 2 * self.score_width() * self.dims.vocab_size
         return self.label_flops() + num_positions * per_position
+
+    def context_map(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """`(A, c)` with `context(h) = A h + c` (None: the identity, no offset); a ValueError
+        saying why when the context is not affine in `h`. Default: the identity."""
+        return None, None
+
+    def reset_bias(self) -> None:
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def copy_bias(self, bias: torch.Tensor) -> bool:
+        """Set `b` from a converted LM head's bias; False when this head has no bias and `bias`
+        is not constant (then the converted head cannot give the original's distribution)."""
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.copy_(bias)
+            return True
+        return bool((bias == bias.reshape(-1)[:1]).all())
+
+    def bias_or_zeros(self, like: torch.Tensor) -> torch.Tensor:
+        """`b` (detached), or zeros of `like`'s dtype for a head without a bias."""
+        if self.bias is None:
+            return torch.zeros(self.dims.vocab_size, dtype=like.dtype, device=like.device)
+        return self.bias.detach()
+
+    @torch.no_grad()
+    def equivalent_lm_head(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head at inference (eval mode) as one plain LM head: scores
+        `L (A h + c) + b = (L A) h + (L c + b)`, with `L = label_matrix(E)` and `A, c` from
+        `context_map()`; the product is taken in float64. Returns `(weight, bias)`, bias None
+        when the scores have no per-word constant."""
+        was_training = self.training
+        self.eval()
+        try:
+            label = self.label_matrix(self.label_source(embeddings)).detach()
+        finally:
+            self.train(was_training)
+        A, c = self.context_map()
+        weight = label if A is None else (label.double() @ A.double()).to(label.dtype)
+        bias = None if self.bias is None else self.bias.detach()
+        if c is not None:
+            offset = (label.double() @ c.double()).to(label.dtype)
+            bias = offset if bias is None else bias + offset
+        return weight, bias
 
     def current_label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         """`label_matrix(E)`; inside `generation_scope()` (no autograd, eval mode) kept across

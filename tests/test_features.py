@@ -1,5 +1,5 @@
 """Forward arguments and runtime features pass through the wrapper: logits_to_keep,
-output_hidden_states, inputs_embeds, past_key_values, SDPA/eager, bf16, activation checkpointing."""
+output_hidden_states, inputs_embeds, cache (past key values), SDPA/eager, bf16, activation checkpointing."""
 
 import pytest
 import torch
@@ -74,15 +74,15 @@ def test_inputs_embeds_match_input_ids(backbone):
     torch.testing.assert_close(logits(model, inputs_embeds=embeds, **inputs), logits(model, **batch(backbone)), **ATOL)
 
 
-def test_past_key_values_causal(llama, ids):
+def test_cache_causal(llama, ids):
     with torch.no_grad():
         prefix = llama(input_ids=ids[:, :4], use_cache=True)
-        rest = llama(input_ids=ids[:, 4:], past_key_values=prefix.past_key_values)
-    assert prefix.past_key_values is not None
+        rest = llama(input_ids=ids[:, 4:], cache=prefix.cache)
+    assert prefix.cache is not None
     torch.testing.assert_close(rest.logits, logits(llama, input_ids=ids)[:, 4:], **ATOL)
 
 
-def test_past_key_values_seq2seq():
+def test_cache_seq2seq():
     model = tiny_model("t5", "linear")
     data = batch("t5")
     decoder = model.prepare_decoder_input_ids_from_labels(data["labels"])
@@ -90,7 +90,7 @@ def test_past_key_values_seq2seq():
     with torch.no_grad():
         prefix = model(input_ids=data["input_ids"], decoder_input_ids=decoder[:, :3], use_cache=True)
         rest = model(encoder_outputs=(prefix.encoder_last_hidden_state,), decoder_input_ids=decoder[:, 3:],
-                     past_key_values=prefix.past_key_values)
+                     cache=prefix.cache)
     torch.testing.assert_close(rest.logits, full[:, 3:], **ATOL)
 
 

@@ -126,3 +126,18 @@ def test_trainer_push_to_hub_card_describes_the_head(fake_hub, tmp_path, monkeyp
     card = ModelCard(files["README.md"].decode())
     assert {"hf_outheads", "outheads-drill", "gpt2", "arxiv:1905.05513"} <= set(card.data.tags)
     assert "modeling_outheads.py" in files and "head_drill.py" in files
+
+
+def test_from_backbone_of_a_model_loaded_from_the_hub_records_its_id(tmp_path):
+    """A model object from `from_pretrained("<hub id>")` (here from a Hub cache laid out as
+    huggingface_hub writes it, offline): its `config._name_or_path` becomes the card's base_model."""
+    from tiny import tiny_original
+
+    snapshot = tmp_path / "models--someone--gpt2" / "snapshots" / ("a" * 40)
+    tiny_original("gpt2").save_pretrained(snapshot)
+    (tmp_path / "models--someone--gpt2" / "refs").mkdir()
+    (tmp_path / "models--someone--gpt2" / "refs" / "main").write_text("a" * 40)
+    loaded = AutoModelForCausalLM.from_pretrained("someone/gpt2", cache_dir=tmp_path, local_files_only=True)
+    assert loaded.config._name_or_path == "someone/gpt2"
+    converted = OutHeadsForCausalLM.from_backbone(loaded, "tied")
+    assert converted.create_model_card().data.base_model == "someone/gpt2"

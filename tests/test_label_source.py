@@ -60,3 +60,15 @@ def test_own_labels_train_and_save(head_type, tmp_path):
     assert loaded.config.head_options["labels"] == "own"
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("head_type", ENCODERS)
+def test_the_plain_equivalent_folds_the_own_labels(head_type):
+    """`equivalent_lm_head` (the plain export) encodes the own labels, not E."""
+    head = tiny_model("gpt2", head_type, {"labels": "own"}).head
+    with torch.no_grad():
+        head.own_labels.normal_(0, 0.5)
+        torch.manual_seed(1)
+        hidden, E = torch.randn(2, 5, 32), torch.randn(VOCAB, 32)
+        weight, bias = head.equivalent_lm_head(E)
+        assert torch.allclose(hidden @ weight.T + bias, head(HeadInputs(hidden=hidden, embeddings=E)).logits, atol=1e-5)

@@ -117,7 +117,7 @@ def test_card_metadata_parses_and_matches_the_metrics_log(run, request):
     if "eval_sacrebleu" in final:
         assert reported["BLEU (sacrebleu)"] == pytest.approx(final["eval_sacrebleu"], abs=1e-4)
         assert reported["chrF"] == pytest.approx(final["eval_chrf"], abs=1e-4)
-    assert "output-head-tied" in card.data.tags and "@inproceedings" in card.text
+    assert "outheads-tied" in card.data.tags and "@inproceedings" in card.text
     assert "![training curve](training_curve.png)" in card.text
 
 

@@ -4,6 +4,7 @@ corpus, metric modules, the model card, publishing with a faked Hub, the compari
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -141,7 +142,7 @@ def test_stdlib_restore_pairs_join_wrapped_lines_and_keep_each_sentence_once():
 def test_metric_modules_load_offline():
     scores = generation_scores(["sacrebleu", "chrf", "rouge"], ["the cat sat on the mat"], ["the cat sat on the mat"])
     assert scores["eval_sacrebleu"] == pytest.approx(100.0) and scores["eval_chrf"] == pytest.approx(100.0)
-    assert scores["eval_rouge1"] == pytest.approx(1.0)
+    assert scores["eval_rouge1"] == pytest.approx(100.0)  # every score on the 0-100 scale
 
 
 def tiny_model(tmp_path):
@@ -246,3 +247,113 @@ def test_shipped_configs_parse_and_name_valid_head_options(config):
         head_options = dict(head_options)
         head = head_options.pop("head_type", name)  # a variant (compare_heads.py) names its head
         get_head_class(head).Options.from_dict(head_options)  # a misspelt head or option name is an error
+
+
+QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "quickstart_lm.yaml"
+
+
+def test_a_backbone_flag_takes_the_place_of_the_configs():
+    """--pretrained replaces the config's preset (and the tokenizer trained for it: a trained
+    BPE cannot fit a pretrained model's embeddings); --model_preset replaces a config's pretrained."""
+    opts = parse_options(["--config", str(QUICKSTART_LM), "--pretrained", "outputs/quickstart_lm"])
+    assert (opts.model_preset, opts.pretrained, opts.tokenizer) == (None, "outputs/quickstart_lm", "auto")
+    opts = parse_options(["--config", str(QUICKSTART_LM), "--pretrained", "x/y", "--tokenizer", "wordlevel"])
+    assert (opts.model_preset, opts.tokenizer) == (None, "wordlevel")  # a given --tokenizer is kept
+    assert parse_options(["--config", str(QUICKSTART_LM)]).model_preset == "gpt2-tiny"
+
+
+def foreign_checkpoint(output_dir: Path, head_type: str = "tied") -> Path:
+    """A complete checkpoint (checkpoint.json is what marks one) of a tiny GPT-2 with `head_type`."""
+    from training.checkpoints import MARKER, model_identity
+
+    folder = output_dir / "checkpoints" / "checkpoint_400"
+    folder.mkdir(parents=True)
+    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50),
+                                               head_type=head_type))
+    progress = {"step": 400, "epoch": 3, "batches_in_epoch": 0}
+    (folder / MARKER).write_text(json.dumps({"format": 1, "progress": progress, "model": model_identity(model)}))
+    return folder
+
+
+def test_wrong_run_options_fail_when_parsed_with_one_message(tmp_path):
+    """Decided before any data is built: a checkpoint of another head in output_dir, and a
+    backbone that does not fit; the script prints one line and exits non-zero, no traceback."""
+    import subprocess
+    import sys
+
+    from training.train import parse_args
+
+    checkpoint = foreign_checkpoint(tmp_path)
+    base = ["--config", str(QUICKSTART_LM), "--output_dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as error:
+        parse_args([*base, "--head_type", "mos"])
+    message = str(error.value.code)
+    assert f"The checkpoint {checkpoint} belongs to another model" in message
+    assert "head 'tied' on a gpt2 backbone" in message and "head 'mos' on a gpt2 backbone" in message
+    assert "--resume never" in message
+    assert parse_args([*base, "--head_type", "tied"]).head_type == "tied"  # its own checkpoint: resumed
+    assert parse_args([*base, "--head_type", "mos", "--resume", "never"]).head_type == "mos"
+    with pytest.raises(SystemExit, match=r"Preset bart-tiny \(bart\) does not fit task=causal_lm"):
+        parse_args([*base, "--model_preset", "bart-tiny"])
+    with pytest.raises(SystemExit, match="tokenizer: auto needs a pretrained model"):
+        parse_args([*base, "--tokenizer", "auto"])
+    script = Path(__file__).resolve().parents[1] / "training" / "train.py"
+    done = subprocess.run([sys.executable, str(script), *base, "--head_type", "mos"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("train.py: error: The checkpoint"), done.stderr[-2000:]
+
+
+def test_the_cards_usage_code_generates_the_cards_sample(tmp_path, capsys):
+    """The card's code, run as it is on the saved folder, prints the card's sample (the same
+    prompt, seed and sampling settings); the card uses hf_outheads' tags and no local base_model."""
+    import contextlib
+    import io
+    import re
+
+    from training.evaluation import sample_text
+    from training.publish import finish_run
+
+    model, tokenizer = tiny_model(tmp_path)
+    model.config.base_model = str(tmp_path)  # converted from a local folder: no card metadata
+    model.generation_config.pad_token_id = tokenizer.pad_token_id  # as train.py sets it
+    opts = options(model_preset="gpt2-tiny", head_type="bilinear", dataset_name="stdlib_docstrings", dataset_config="text",
+                   output_dir=str(tmp_path / "run"), sample_max_new_tokens=12, seed=7)
+    sample = sample_text(model, tokenizer, "Return the", opts.sample_max_new_tokens, opts.seed)
+    results = {"eval_perplexity": 9.0, "eval_loss": 2.2, "parameters": 10, "head_parameters": 2, "eval_examples": 3,
+               "eval_tokens": 30, "sample": sample, "sample_prompt": "Return the"}
+    finish_run(model, tokenizer, opts, results)
+    card = ModelCard.load(tmp_path / "run" / "README.md")
+    code = re.search(r"## Usage\n\n```python\n(.*?)```", card.text, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code, {})
+    assert printed.getvalue().strip() == sample.strip() and f"```text\n{sample}\n```" in card.text
+    assert {"hf_outheads", "outheads-bilinear", "gpt2"} <= set(card.data.tags)
+    assert not any(tag.startswith("output-head-") for tag in card.data.tags)
+    assert card.data.base_model is None  # never a local path
+
+
+def test_card_prose_of_every_built_in_task_reads():
+    from training.publish import dataset_description
+
+    for config, task in (("text", "causal_lm"), ("summary", "seq2seq"), ("restore", "seq2seq")):
+        prose = dataset_description(options(dataset_name="stdlib_docstrings", dataset_config=config, task=task))[1]
+        assert "Python standard library" in prose and " for of " not in prose and prose.endswith(".")
+
+
+def test_option_table_and_help_are_current():
+    readme = (Path(__file__).resolve().parents[1] / "training" / "README.md").read_text()
+    table = readme[readme.index("### Option groups"):readme.index("### What a run does")]
+    assert [name for name in FIELDS if f"`{name}`" not in table] == []  # every option is documented
+    assert "papers' defaults" not in FIELDS["head_options"].metadata["help"]  # they were chosen by measurement
+
+
+def test_the_documented_two_process_command_trains_in_a_folder_of_its_own():
+    """In the quickstart's folder it would resume the finished quickstart run and train nothing."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "training" / "README.md").read_text()
+    command = re.search(r"accelerate launch --multi_gpu --num_processes 2 training/train.py (?:[^\n\\]|\\\n)*", readme).group(0)
+    folder = re.search(r"--output_dir (\S+)", command)
+    assert folder and folder.group(1) != yaml.safe_load(QUICKSTART_LM.read_text())["output_dir"], command

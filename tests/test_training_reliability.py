@@ -200,3 +200,24 @@ def test_a_hung_run_fails_with_the_stacks_of_its_processes_and_leaves_none_behin
         except OSError:
             pass
     assert not left
+
+
+def test_resuming_a_finished_run_says_so_and_its_tokenizer_is_reused_cleanly(tmp_path, capsys):
+    """The same command again resumes the last checkpoint of a finished run: one line says nothing
+    is trained. The tokenizer it reloads tokenises whole documents without the length warning,
+    and is saved without load-time kwargs, its model_max_length the model's positions."""
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    out = tmp_path / "out"
+    run(out)
+    capsys.readouterr()
+    with CaptureLogger(logging.get_logger("transformers.tokenization_utils_base")) as log:
+        again = run(out)
+    printed = capsys.readouterr().out
+    assert f"The run in {out} had already finished (step 4 of 4): nothing is trained" in printed
+    assert "eval_perplexity" in again
+    assert "Token indices sequence length is longer" not in log.out
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert not {"is_local", "local_files_only"} & set(saved), saved
+    assert saved["model_max_length"] == 512  # gpt2-tiny's n_positions

@@ -12,6 +12,16 @@ Adaptations, each for a reason that does not apply to a wrapper or to the downlo
     not run here; they are tested in test_generate.py and test_export.py; `config_common_kwargs`:
     transformers' own values);
   - `SKIPPED` below lists the tests that cannot apply, with the reason.
+
+Out of scope by design: transformers' tests that take the output layer for an `nn.Linear` (or
+None). `get_output_embeddings()` returns the head (an `OutputHead`): its scores are not `W h + b`
+for most heads (a mixture, a label encoder, a code table), so an `nn.Linear` stand-in would let
+code that multiplies by `lm_head.weight` (TRL's fused LM head, its distillation trainer) bypass the
+head silently, and None would drop what libraries do with the output layer: PEFT's `all-linear`
+and transformers' quantizers leave it out, TRL rejects adapters on it. Hence
+`test_model_get_set_embeddings` is adapted (the head is returned) and
+`test_resize_embeddings_untied` skipped (the head is resized by `head.resize_vocab`,
+tests/test_resize.py).
 """
 
 from __future__ import annotations

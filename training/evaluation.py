@@ -20,6 +20,9 @@ from hf_outheads import IGNORE_INDEX
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 # metric module -> the result keys reported (as `eval_<key>`; `score` becomes the module name)
 METRIC_KEYS = {"sacrebleu": ("score",), "chrf": ("score",), "rouge": ("rouge1", "rouge2", "rougeL", "rougeLsum")}
+# every reported score is on sacrebleu's 0-100 scale; rouge-score gives F-measures in 0-1
+METRIC_SCALE = {"rouge": 100.0}
+SAMPLING = {"do_sample": True, "top_p": 0.9}  # the causal LM's sample at the end of a run (and the card's usage code)
 
 
 def load_metric(name: str):
@@ -92,21 +95,21 @@ def generate_texts(accelerator, model, dataloader, tokenizer, options) -> tuple[
 
 
 def generation_scores(metric_names, predictions, references) -> dict:
-    """`eval_<metric>` results of the named modules (computed in this process only)."""
+    """`eval_<metric>` results of the named modules, each in 0-100 (computed in this process only)."""
     results = {}
     for name in metric_names:
         scores = load_metric(name).compute(predictions=predictions, references=[[r] for r in references])
         for key in METRIC_KEYS[name]:
-            results[f"eval_{name if key == 'score' else key}"] = float(scores[key])
+            results[f"eval_{name if key == 'score' else key}"] = float(scores[key]) * METRIC_SCALE.get(name, 1.0)
     return results
 
 
 @torch.no_grad()
 def sample_text(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
-    """A sampled continuation of `prompt` (top-p 0.9, seeded), prompt included; `model` unwrapped."""
+    """A sampled continuation of `prompt` (`SAMPLING`: top-p 0.9, seeded), prompt included; `model` unwrapped."""
     model = model.eval()
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(model.device)
     torch.manual_seed(seed)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=True, top_p=0.9, pad_token_id=tokenizer.pad_token_id)
+                         pad_token_id=tokenizer.pad_token_id, **SAMPLING)
     return tokenizer.decode(out[0], skip_special_tokens=True)

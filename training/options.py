@@ -35,12 +35,13 @@ class TrainOptions:
     model_overrides: dict = opt({}, "Backbone config fields to override, e.g. {n_layer: 4} (presets and pretrained).")
     dropout: float | None = opt(None, "Set every dropout probability of the backbone to this value (0 for exact resumption).")
     head_type: str | None = opt("tied", "Output head (a key of hf_outheads.HEAD_CLASSES); null keeps a pretrained model's head form.")
-    head_options: dict = opt({}, "The head's hyper-parameters; omitted ones take the papers' defaults.")
+    head_options: dict = opt({}, "The head's hyper-parameters; omitted ones take the head's defaults (hf_outheads, "
+                             "chosen by measurement: training/results/ablations_*.md).")
     head_options_by_head: dict = opt({}, "Options per head type, {head_type: {option: value}}, used for the chosen head "
                                      "under head_options (lets compare_heads.py run several heads from one file).")
     # data
     dataset_name: str | None = opt(None, "Hub dataset (e.g. wikitext, ptb_text_only, iwslt2017, wmt14), 'stdlib_docstrings' (built in, offline) or 'debian_manpages' (built from Debian's manpages packages).")
-    dataset_config: str | None = opt(None, "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text' or 'summary' for stdlib_docstrings.")
+    dataset_config: str | None = opt(None, "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text', 'summary' or 'restore' for stdlib_docstrings.")
     data_files: dict = opt({}, "Local files per split, e.g. {train: a.txt, validation: b.txt}; format from the extension (txt/json/jsonl/csv/parquet).")
     streaming: bool = opt(False, "Stream the dataset instead of downloading/preparing it whole (needs max_steps).")
     train_split: str = opt("train", "Split to train on.")
@@ -178,6 +179,19 @@ def check_values(options: TrainOptions) -> TrainOptions:
     return options
 
 
+def command_line_backbone(values: dict, flags: dict) -> None:
+    """A backbone given on the command line takes the place of the config file's: `--pretrained`
+    replaces its `model_preset`, and its trained tokenizer (`bpe` / `wordlevel`, which cannot fit
+    a pretrained model's embeddings) by the pretrained model's own (`auto`) unless `--tokenizer`
+    is given too; `--model_preset` replaces its `pretrained`."""
+    for given, other in (("pretrained", "model_preset"), ("model_preset", "pretrained")):
+        if values.get(given) and given in flags and other not in flags:
+            values[other] = None
+    if values.get("pretrained") and "pretrained" in flags and "tokenizer" not in flags \
+            and values.get("tokenizer") in ("bpe", "wordlevel"):
+        values["tokenizer"] = "auto"
+
+
 def parse_options(argv=None, description: str = "Train an hf_outheads model.", extra=None) -> TrainOptions:
     """Options from `--config` and `--key value` flags. `extra(parser)` may add script flags,
     which are returned in `options.extra` (a dict)."""
@@ -195,6 +209,7 @@ def parse_options(argv=None, description: str = "Train an hf_outheads model.", e
         values[name] = raw if name in STRING_FIELDS or not isinstance(raw, str) else yaml.safe_load(raw)
         if name in STRING_FIELDS and raw in ("null", "None"):
             values[name] = None
+    command_line_backbone(values, flags)
     options = check_values(TrainOptions(**values))
     options.extra = extras
     return options

@@ -9,8 +9,9 @@ from pathlib import Path
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
-from hf_outheads.model_card import pipeline_tag
+from hf_outheads.model_card import hub_base_model, model_tags, pipeline_tag
 
+from .evaluation import SAMPLING
 from .tracking import RESULTS_FILE, read_metrics
 
 CARDS_DIR = Path(__file__).resolve().parents[1] / "model_cards"
@@ -73,18 +74,28 @@ def head_papers(head_type: str) -> dict:
     return entries.get(head_type, {"description": f"The `{head_type}` output head.", "papers": []})
 
 
+STDLIB_TASKS = {  # stdlib_docstrings config -> what the run learnt
+    "text": "language modelling on the docstrings of the Python standard library",
+    "summary": "writing a function's docstring summary line (its first sentence) from its qualified name and "
+               "signature, on the Python standard library",
+    "restore": "restoring the case and punctuation of the sentences of the Python standard library's docstrings "
+               "(the source is the sentence lowercased, without punctuation)",
+}
+
+
 def dataset_description(options) -> tuple[str, str]:
     """(model-index dataset type, prose)."""
     if options.dataset_name == "stdlib_docstrings":
-        kind = "language modelling on the docstrings" if options.task == "causal_lm" else "summarising a function's signature into its docstring's first sentence, for"
-        return "stdlib_docstrings", f"Built in: {kind} of the Python standard library (`training/stdlib_corpus.py`)."
+        return "stdlib_docstrings", f"Built in: {STDLIB_TASKS[options.dataset_config]} (`training/stdlib_corpus.py`)."
     if options.dataset_name:
         config = f" (`{options.dataset_config}`)" if options.dataset_config else ""
         return options.dataset_name, f"The Hub dataset `{options.dataset_name}`{config}, split `{options.train_split}`."
     return "local", f"Local files: `{options.data_files}`."
 
 
-def _card_data(options, results, dataset_type) -> ModelCardData:
+def _card_data(model, options, results, dataset_type) -> ModelCardData:
+    """Tags and `base_model` by the rules of every hf_outheads card (`hf_outheads.model_card`):
+    one tag scheme, and a base model only when it is a Hub id (never a local path)."""
     task_type = pipeline_tag("AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM")
     evals = [
         EvalResult(task_type=task_type, dataset_type=dataset_type, dataset_name=dataset_type,
@@ -94,9 +105,10 @@ def _card_data(options, results, dataset_type) -> ModelCardData:
     ]
     return ModelCardData(
         model_name=Path(options.hub_model_id or options.output_dir).name, license=options.license,
-        library_name="transformers", pipeline_tag=task_type, base_model=options.pretrained,
+        library_name="transformers", pipeline_tag=task_type,
+        base_model=hub_base_model(getattr(model.config, "base_model", None)),
         datasets=[options.dataset_name] if options.dataset_name and options.dataset_name != "stdlib_docstrings" else None,
-        tags=["hf_outheads", f"output-head-{options.head_type}", "custom_code"], eval_results=evals,
+        tags=model_tags(model.config), eval_results=evals,
     )
 
 
@@ -106,7 +118,8 @@ def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCa
     head = head_papers(model.config.head_type)
     text = model.config.text_config
     backbone = options.pretrained or f"{options.model_preset} ({text.model_type}, from scratch)"
-    card_data = _card_data(options, results, dataset_type)
+    card_data = _card_data(model, options, results, dataset_type)
+    auto_class = "AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM"
     return ModelCard.from_template(
         card_data, template_path=str(CARDS_DIR / "template.md"),
         model_name=card_data.model_name, task_description="causal language model" if options.task == "causal_lm" else "sequence-to-sequence model",
@@ -121,15 +134,32 @@ def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCa
         eval_examples=results.get("eval_examples"), eval_tokens=results.get("eval_tokens"),
         eval_table=[(name, f"{results[key]:.4g}") for key, (_, name) in CARD_METRICS.items() if key in results],
         sample=results.get("sample") or (results.get("samples") or [{}])[0].get("prediction"),
-        auto_class="AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM",
-        repo_id=options.hub_model_id or str(output_dir), usage_input=_usage_input(options, results),
+        usage_code=usage_code(options, results, auto_class, options.hub_model_id or str(output_dir)),
     )
 
 
-def _usage_input(options, results) -> str:
-    if results.get("samples"):
-        return results["samples"][0]["source"]
-    return (results.get("sample") or "The")[:30]
+def usage_code(options, results, auto_class: str, repo_id: str) -> str:
+    """Code that generates the card's sample again: the causal LM's sample with its prompt,
+    seed and sampling settings (`evaluation.sample_text`), the seq2seq example with the
+    greedy or beam decoding of the evaluation (`evaluation.generate_texts`), source ended by eos."""
+    if options.task == "causal_lm":
+        text = json.dumps(results.get("sample_prompt") or (results.get("sample") or "The")[:30])
+        settings = ", ".join(f"{key}={value!r}" for key, value in SAMPLING.items())
+        call = (f"torch.manual_seed({options.seed})  # the card's sample is sampled: the same seed gives it again\n"
+                f"output = model.generate(**inputs, max_new_tokens={options.sample_max_new_tokens}, {settings})")
+    else:
+        text = json.dumps(results["samples"][0]["source"]) + " + tokenizer.eos_token" if results.get("samples") else '"..."'
+        call = (f"output = model.generate(**inputs, max_new_tokens={options.max_target_length}, "
+                f"num_beams={options.generation_num_beams}, do_sample=False)")
+    return f"""import torch
+import hf_outheads  # registers the outheads model type with the Auto classes
+from transformers import {auto_class}, AutoTokenizer
+
+model = {auto_class}.from_pretrained("{repo_id}")
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
+inputs = tokenizer({text}, return_tensors="pt", add_special_tokens=False)
+{call}
+print(tokenizer.decode(output[0], skip_special_tokens=True))"""
 
 
 def push_to_hub(model, tokenizer, output_dir: Path, repo_id: str, private: bool) -> str:

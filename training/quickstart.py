@@ -25,13 +25,14 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=[*TASKS, "both"], default="both", help="Which quickstart to run.")
     parser.add_argument("--output_root", default="outputs", help="Folder that receives quickstart_lm/ and quickstart_seq2seq/.")
-    parser.add_argument("overrides", nargs=argparse.REMAINDER, help="Extra --key value options for train.py.")
-    return parser.parse_args(argv)
+    parser.epilog = "Any other --key value options are passed to train.py (e.g. --head_type drill)."
+    args, args.overrides = parser.parse_known_args(argv)  # argparse.REMAINDER would refuse a leading --key
+    return args
 
 
 def launch_command(config: Path, output_dir: Path, overrides: list[str]) -> list[str]:
     script = Path(__file__).resolve().parent / "train.py"
-    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+    return [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--num_processes", "1", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", str(script), "--config", str(config),
             "--output_dir", str(output_dir), "--resume", "never", *overrides]
 
@@ -43,7 +44,9 @@ def main(argv=None):
         output_dir = Path(args.output_root) / TASKS[task].stem
         print(f"\n=== quickstart {task}: {TASKS[task].name} -> {output_dir}", flush=True)
         started = time.perf_counter()
-        subprocess.run(launch_command(TASKS[task], output_dir, args.overrides), env=env, check=True)
+        done = subprocess.run(launch_command(TASKS[task], output_dir, args.overrides), env=env)
+        if done.returncode:  # train.py has printed why
+            raise SystemExit(f"=== quickstart {task} failed (exit status {done.returncode})")
         print(f"=== {task} done in {time.perf_counter() - started:.0f} s", flush=True)
 
 

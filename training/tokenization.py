@@ -6,15 +6,23 @@
 - `wordlevel`: whitespace-separated words, the `vocab_size - 4` most frequent kept,
   the rest `<unk>` (PTB-style; PTB already marks rare words).
 Both are wrapped as `PreTrainedTokenizerFast` with <pad>, <s>, </s>, <unk>, saved with the model.
+
+A tokenizer loaded here (`load_tokenizer`) forgets how it was loaded: transformers keeps
+`from_pretrained`'s `is_local` and `local_files_only` in `init_kwargs`, and `save_pretrained`
+would write them into the saved `tokenizer_config.json`, where they would steer every later load.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 TRAINABLE = ("bpe", "wordlevel")
+LOAD_TIME_KWARGS = ("is_local", "local_files_only")  # how it was loaded, not what it is
 
 
 def _untrained(kind: str, lowercase: bool) -> Tokenizer:
@@ -57,9 +65,40 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, min_freque
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
 
 
+def load_tokenizer(name_or_path: str, auto: bool = True):
+    """`AutoTokenizer` (or, `auto=False`, `PreTrainedTokenizerFast`) from a Hub id or folder,
+    without the load-time kwargs that `save_pretrained` would otherwise write back."""
+    tokenizer = (AutoTokenizer if auto else PreTrainedTokenizerFast).from_pretrained(name_or_path)
+    for key in LOAD_TIME_KWARGS:
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
+
+
 def load_pretrained_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
     """A Hub id or local folder; a tokenizer without a pad token gets eos as padding."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    tokenizer = load_tokenizer(name_or_path)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+@contextmanager
+def whole_texts(tokenizer):
+    """No length limit inside: the data pipeline tokenises whole documents and cuts them into
+    blocks (`block_size`, `max_source_length`) itself, so the limit's "Token indices sequence
+    length is longer than the specified maximum" warning would be about nothing."""
+    limit = tokenizer.model_max_length
+    tokenizer.model_max_length = VERY_LARGE_INTEGER
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.model_max_length = limit
+
+
+def context_length(options, positions: int | None) -> int:
+    """The saved tokenizer's `model_max_length`: the model's positions (n_positions /
+    max_position_embeddings), or, for a backbone without a limit (T5's relative positions),
+    the lengths it was trained on."""
+    if positions:
+        return positions
+    return options.block_size if options.task == "causal_lm" else max(options.max_source_length, options.max_target_length)

@@ -21,7 +21,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
-from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, get_scheduler
+from transformers import DataCollatorForSeq2Seq, get_scheduler
 
 from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
@@ -32,23 +32,28 @@ from training.launching import check_process_count, force_cpu
 from training.loop import train_loop
 from training.modeling import build_model, parameter_counts, position_limit, step_flops
 from training.options import TrainOptions, parse_options
+from training.preflight import check_run
 from training.publish import finish_run
-from training.tokenization import TRAINABLE, load_pretrained_tokenizer, train_tokenizer
+from training.tokenization import TRAINABLE, context_length, load_pretrained_tokenizer, load_tokenizer, train_tokenizer, whole_texts
 from training.tracking import MetricsLog, Progress, trackers
 
 
 def parse_args(argv=None):
-    return parse_options(argv, description=__doc__)
+    """The options, checked before any work starts (`preflight.check_run`); a wrong option is
+    one message on stderr and a non-zero exit status, without a traceback."""
+    try:
+        options = parse_options(argv, description=__doc__)
+        check_run(options)
+    except ValueError as error:
+        raise SystemExit(f"train.py: error: {error}") from None
+    return options
 
 
 def get_tokenizer(accelerator, options, train_split, resuming: bool):
     """The pretrained model's tokenizer, a named one, or one trained here (on the main
     process, saved to output_dir, then loaded by the others; reused when resuming)."""
     if options.tokenizer not in TRAINABLE:
-        name = options.pretrained if options.tokenizer == "auto" else options.tokenizer
-        if name is None:
-            raise ValueError("tokenizer: auto needs a pretrained model; use tokenizer: bpe / wordlevel or a tokenizer path.")
-        return load_pretrained_tokenizer(name)
+        return load_pretrained_tokenizer(options.pretrained if options.tokenizer == "auto" else options.tokenizer)
     saved = Path(options.output_dir) / "tokenizer.json"
     if accelerator.is_main_process and not (resuming and saved.exists()):
         texts = data_lib.training_texts(train_split, options)
@@ -56,7 +61,7 @@ def get_tokenizer(accelerator, options, train_split, resuming: bool):
                                     options.tokenizer_min_frequency, options.tokenizer_lowercase)
         tokenizer.save_pretrained(options.output_dir)
     accelerator.wait_for_everyone()
-    return PreTrainedTokenizerFast.from_pretrained(options.output_dir)
+    return load_tokenizer(options.output_dir, auto=False)
 
 
 def get_dataloaders(accelerator, options, tokenizer, train_split, validation_split):
@@ -131,12 +136,17 @@ def accelerator_for(options) -> Accelerator:
     return accelerator
 
 
-def resume_or_start_fresh(accelerator, options, model, checkpoint) -> Progress:
-    """Progress of the checkpoint loaded into the prepared objects; a fresh run removes the
-    checkpoints another run left in output_dir, so none of them is resumed later."""
+def resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps: int) -> Progress:
+    """Progress of the checkpoint loaded into the prepared objects (saying so in one line when
+    it is the end of a finished run); a fresh run removes the checkpoints another run left in
+    output_dir, so none of them is resumed later."""
     if checkpoint is not None:
         progress = Progress(**load_checkpoint(accelerator, model, checkpoint))
         accelerator.print(f"Resumed from {checkpoint} (step {progress.step})")
+        if progress.step >= max_steps:
+            accelerator.print(f"The run in {options.output_dir} had already finished (step {progress.step} of "
+                              f"{max_steps}): nothing is trained; it is evaluated and saved again. To train anew, "
+                              "use another --output_dir or --resume never.")
         return progress
     if accelerator.is_main_process:
         shutil.rmtree(Path(options.output_dir) / "checkpoints", ignore_errors=True)
@@ -176,9 +186,10 @@ def prepare_run(options) -> PreparedRun:
     with accelerator.main_process_first():
         train_split, validation_split = data_lib.select_splits(data_lib.load_raw(options), options)
     tokenizer = get_tokenizer(accelerator, options, train_split, checkpoint is not None)
-    train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
+    with whole_texts(tokenizer):  # documents are cut into blocks after tokenising
+        train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
     model = build_model(options, tokenizer)
-    tokenizer.model_max_length = position_limit(model) or tokenizer.model_max_length  # saved with the model
+    tokenizer.model_max_length = context_length(options, position_limit(model))  # saved with the model
     word_counts = torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size))
     model.head.set_word_counts(word_counts)
     if tokenizer.pad_token_id is not None:
@@ -193,7 +204,8 @@ def prepare_run(options) -> PreparedRun:
         options.lr_scheduler_type, optimizer, num_warmup_steps=options.warmup_steps * accelerator.num_processes,
         num_training_steps=max_steps * accelerator.num_processes))
     gen_dl = accelerator.prepare(gen_dl) if gen_dl is not None else None
-    progress, log = resume_or_start_fresh(accelerator, options, model, checkpoint), MetricsLog(accelerator, options.output_dir)
+    progress = resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps)
+    log = MetricsLog(accelerator, options.output_dir)
     log.truncate_after(progress.step if progress.step else -1)  # a fresh run starts a fresh log
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
@@ -214,6 +226,7 @@ def final_results(run, step_times) -> dict:
         prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
         results["sample"] = sample_text(accelerator.unwrap_model(run.model), run.tokenizer, prompt,
                                         options.sample_max_new_tokens, options.seed)
+        results["sample_prompt"] = prompt  # the card's usage code generates the sample again
     return results
 
 
@@ -252,7 +265,7 @@ def training_function(options) -> dict:
     results = final_results(run, step_times)
     results["train_flops"] = run.progress.step * run.counts["train_flops_per_step"]
     run.log.log({"event": "final", "train_seconds": sum(step_times),
-                 **{k: v for k, v in results.items() if k not in ("samples", "sample")}}, run.progress.step)
+                 **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt")}}, run.progress.step)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         finish_run(accelerator.unwrap_model(run.model), run.tokenizer, options, results)

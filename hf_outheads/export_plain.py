@@ -1,0 +1,133 @@
+"""Write a model trained with a single-softmax head as the backbone's own transformers class
+(`GPT2LMHeadModel`, `LlamaForCausalLM`, `T5ForConditionalGeneration`, `BartForConditionalGeneration`,
+...), which any serving stack, converter or quantizer that knows the stock architectures runs.
+
+At inference the label matrix `L = label_matrix(E)` of `tied`, `linear`, `bilinear`, `drill` and
+`joint` does not depend on the context, and where the context is an affine map `A h + c` (the
+identity; bilinear's `W_l h`; joint's `V h + b_v` with identity activation) the scores are one
+affine map of the hidden state: `L (A h + c) + b = (L A) h + (L c + b)` (the head's
+`equivalent_lm_head`). The export writes `L A`, times the model's `hidden_scale` over the
+family's own output scale (T5), as the output matrix: tied to the input embeddings when it
+equals them, else untied (`tie_word_embeddings=False`). The bias `L c + b` goes where the
+family adds one (BART/Marian `final_logits_bias`, read and written by `conversion.py`); GPT-2,
+Llama, Qwen2, Mistral and T5 have none, so a head with a non-zero bias is refused there unless
+`approximate=True`, which drops the bias and measures the mean KL divergence from the
+original's next-token distributions on given text. Heads without an affine form (mixtures;
+joint with a tanh/sigmoid/relu context) are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
+
+from .backbones import hidden_scale
+from .conversion import backbone_state_dict, load_backbone_state_dict, output_bias_slots, write_lm_head
+
+
+@dataclass
+class PlainExport:
+    """What `export_plain` wrote: the folder, the transformers class, whether its logits are
+    the model's (`exact`), and the mean KL divergence (nats per position) from the model's
+    next-token distributions to the plain model's on the given text (None when none was given)."""
+
+    path: str
+    architecture: str
+    exact: bool
+    mean_kl: float | None = None
+
+
+def _scaled(weight: torch.Tensor, factor: float) -> torch.Tensor:
+    return weight if factor == 1.0 else (weight.double() * factor).to(weight.dtype)
+
+
+def plain_config(model, weight: torch.Tensor):
+    """(config of the plain class, its output matrix): the backbone config, tied when the
+    output matrix (times `hidden_scale` over the family's own scale) is E, else untied."""
+    embeddings = model.output_embedding_matrix().detach()
+    for tie in (True, False):
+        config = copy.deepcopy(model.config.text_config)
+        config.tie_word_embeddings = tie
+        output = _scaled(weight, model.config.hidden_scale / hidden_scale(config))
+        if not tie or output.shape == embeddings.shape and torch.equal(output, embeddings):
+            return config, output
+
+
+def build_plain(model, approximate: bool = False) -> tuple[PreTrainedModel, bool]:
+    """(the plain transformers model computing `model`'s logits, whether exactly); a ValueError
+    when the head has no plain form, or has a non-zero bias the family cannot hold and
+    `approximate` is False."""
+    weight, bias = model.head.equivalent_lm_head(model.output_embedding_matrix())
+    config, output = plain_config(model, weight)
+    auto = AutoModelForSeq2SeqLM if model.config.is_encoder_decoder else AutoModelForCausalLM
+    plain = auto.from_config(config, dtype=output.dtype).to(output.device)
+    exact = bool(output_bias_slots(plain)) or bias is None or not torch.count_nonzero(bias)
+    if not exact and not approximate:
+        raise ValueError(
+            f"Head '{model.config.head_type}' adds a per-word output bias (max |b| = {bias.abs().max().item():.3g}), "
+            f"and {type(plain).__name__} adds none to its logits, so no such checkpoint computes this model's "
+            "logits. Train with head_options={'output_bias': False} to export exactly, or pass approximate=True "
+            "with texts or input_ids to drop the bias and measure the KL divergence it costs.")
+    load_backbone_state_dict(plain, backbone_state_dict(model))
+    write_lm_head(plain, output, bias if exact else None)
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain.eval(), exact
+
+
+def _sequences(texts, input_ids, tokenizer) -> list[torch.Tensor]:
+    if texts is not None:
+        if tokenizer is None:
+            raise ValueError("texts need the tokenizer: pass tokenizer=..., or token ids as input_ids.")
+        return [torch.as_tensor(tokenizer(text)["input_ids"]) for text in texts]
+    return [torch.as_tensor(row) for row in (input_ids if input_ids is not None else [])]
+
+
+@torch.no_grad()
+def mean_kl(model, plain, sequences: list[torch.Tensor]) -> float:
+    """Mean over positions of KL(model || plain) of the next-token distributions, each
+    sequence run alone (seq2seq: as the source and, shifted right, as the decoder input)."""
+    total, count = 0.0, 0
+    for ids in sequences:
+        inputs = {"input_ids": ids.reshape(1, -1).to(plain.device)}
+        if model.config.is_encoder_decoder:
+            inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(inputs["input_ids"])
+        log_p = model(**inputs).logits.float().log_softmax(-1)
+        log_q = plain(**inputs).logits.float().log_softmax(-1)
+        total += (log_p.exp() * (log_p - log_q)).sum().item()
+        count += log_p.shape[:-1].numel()
+    return total / max(count, 1)
+
+
+def export_plain(model, path, tokenizer=None, *, approximate: bool = False, texts=None, input_ids=None,
+                 **save_kwargs) -> PlainExport:
+    """Write `model` (an `OutHeadsFor*` model) to `path` as its backbone's own transformers
+    class: weights, config, generation config, `tokenizer` if given, and a model card naming
+    the head it was trained with. Loads with `AutoModelForCausalLM` / `AutoModelForSeq2SeqLM`,
+    no `hf_outheads`, no remote code. `approximate=True` allows dropping an output bias the
+    family cannot hold (it needs `texts` with the tokenizer, or `input_ids`: a list of token id
+    sequences, on which the cost is measured as the mean KL divergence). `save_kwargs` go to
+    `save_pretrained` (e.g. `max_shard_size`)."""
+    from .model_card import build_plain_model_card
+
+    sequences = _sequences(texts, input_ids, tokenizer)
+    if approximate and not sequences:
+        raise ValueError("approximate=True measures what the approximation costs: pass texts (with the tokenizer) "
+                         "or input_ids, a few sequences of the kind the model will serve.")
+    was_training = model.training
+    model.eval()
+    try:
+        plain, exact = build_plain(model, approximate)
+        kl = mean_kl(model, plain, sequences) if sequences else None
+    finally:
+        model.train(was_training)
+    path = os.fspath(path)
+    plain.save_pretrained(path, **save_kwargs)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    result = PlainExport(path, type(plain).__name__, exact, kl)
+    build_plain_model_card(model, result).save(os.path.join(path, "README.md"))
+    return result

@@ -1,0 +1,264 @@
+"""`export_plain`: a model trained with a single-softmax head written as its backbone's own
+transformers class. Each exported folder is loaded in a fresh Python that never imports
+hf_outheads (`Auto*.from_pretrained`, no remote code): its logits are the wrapper's to 1e-5
+and greedy and beam search generate the same tokens. One subprocess checks many folders."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+from subprocess_runs import run
+from tiny import ALL, SEQ2SEQ, VOCAB, model_class, tiny_config, tiny_model, tiny_original
+
+EXACT_HEADS = {"tied": {}, "linear": {}, "bilinear": {}, "drill": {"depth": 2}, "joint": {"joint_dim": 16}}
+BIASED = ("bart", "marian")  # families whose class adds a per-word bias (final_logits_bias)
+GENERATE = dict(max_new_tokens=5, do_sample=False)
+
+LOAD_AND_RUN = r"""
+import sys, torch
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+cases = torch.load(sys.argv[1])
+results = {}
+for name, case in cases.items():
+    auto = AutoModelForSeq2SeqLM if case["seq2seq"] else AutoModelForCausalLM
+    model = auto.from_pretrained(case["path"]).eval()
+    with torch.no_grad():
+        out = {"class": type(model).__name__, "logits": model(**case["inputs"]).logits}
+        for beams in (1, 3):
+            out[f"beams{beams}"] = model.generate(**case["prompt"], num_beams=beams, **case["generate"])
+    if case.get("text"):
+        out["tokens"] = AutoTokenizer.from_pretrained(case["path"])(case["text"])["input_ids"]
+    results[name] = out
+assert "hf_outheads" not in sys.modules, "the plain export must load without hf_outheads"
+torch.save(results, sys.argv[2])
+"""
+
+
+def inputs_for(name: str, seed: int = 0) -> tuple[dict, dict]:
+    """(forward inputs, generation prompt) for a tiny model of family `name`."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (2, 7), generator=g)
+    if name in SEQ2SEQ:
+        return {"input_ids": ids, "decoder_input_ids": torch.randint(3, VOCAB, (2, 5), generator=g)}, {"input_ids": ids}
+    return {"input_ids": ids}, {"input_ids": ids[:, :4], "attention_mask": torch.ones(2, 4, dtype=torch.long)}
+
+
+@torch.no_grad()
+def perturb(model, seed: int = 0, scale: float = 0.1):
+    """Move every head parameter away from its start (the maps start at the identity, biases at
+    0), so that a dropped context map, offset or bias changes the logits."""
+    g = torch.Generator().manual_seed(seed)
+    for parameter in model.head.parameters():
+        parameter.add_(torch.randn(parameter.shape, generator=g) * scale)
+    return model
+
+
+@torch.no_grad()
+def expected(model, family: str, path, text: str | None = None) -> dict:
+    model.eval()
+    forward, prompt = inputs_for(family)
+    case = {"path": str(path), "seq2seq": family in SEQ2SEQ, "inputs": forward, "prompt": prompt, "generate": GENERATE,
+            "text": text, "logits": model(**forward).logits}
+    for beams in (1, 3):
+        case[f"beams{beams}"] = model.generate(**prompt, num_beams=beams, **GENERATE)
+    return case
+
+
+def check_in_fresh_python(cases: dict, tmp_path) -> dict:
+    """Load every exported folder in one subprocess without hf_outheads; compare with `cases`."""
+    torch.save({name: {k: v for k, v in case.items() if k not in ("logits", "beams1", "beams3")}
+                for name, case in cases.items()}, tmp_path / "cases.pt")
+    done = run([sys.executable, "-c", LOAD_AND_RUN, str(tmp_path / "cases.pt"), str(tmp_path / "results.pt")],
+               timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = torch.load(tmp_path / "results.pt")
+    for name, case in cases.items():
+        got = results[name]
+        torch.testing.assert_close(got["logits"], case["logits"], rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        for beams in ("beams1", "beams3"):
+            assert torch.equal(got[beams], case[beams]), (name, beams, got[beams], case[beams])
+    return results
+
+
+def export_case(model, family: str, tmp_path, name: str, **kwargs) -> dict:
+    result = model.export_plain(tmp_path / name, **kwargs)
+    assert result.exact and result.architecture == ALL[family][0].__name__, result
+    return expected(model, family, tmp_path / name)
+
+
+def test_every_affine_head_exports_exactly(tmp_path):
+    """tied, linear, bilinear, drill and joint (identity activation), perturbed, on every family:
+    without an output bias where the class has none, with one (final_logits_bias) on BART/Marian.
+    One subprocess loads all 36 folders (its start costs more than the models)."""
+    cases = {}
+    for family in ALL:
+        for head, options in EXACT_HEADS.items():
+            model = perturb(tiny_model(family, head, {**options, "output_bias": family in BIASED}))
+            cases[f"{family}-{head}"] = export_case(model, family, tmp_path, f"{family}-{head}")
+    text = tiny_config("t5")  # T5 v1.1: no d_model**-0.5 output scaling (scale_decoder_outputs False)
+    text.scale_decoder_outputs = False
+    model = perturb(model_class("t5")(OutHeadsConfig(text_config=text, head_type="joint", head_options={
+        "joint_dim": 16, "output_bias": False})).eval())
+    assert model.config.hidden_scale == 1.0
+    cases["t5-v1.1-joint"] = export_case(model, "t5", tmp_path, "t5-v1.1-joint")
+    results = check_in_fresh_python(cases, tmp_path)
+    untied = [name for name in cases if json.loads((tmp_path / name / "config.json").read_text())["tie_word_embeddings"]
+              is False]
+    assert not any(name.endswith("-tied") for name in untied)  # the output matrix is E: kept tied
+    assert all(results[name]["class"] == ALL[name.split("-")[0]][0].__name__ for name in cases)
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token="w0", eos_token="w2")
+
+
+def test_a_trained_drill_model_exports_exactly(tmp_path):
+    """The tiny GPT-2 converted to drill (no output bias, dropout 0.1), trained a few steps on
+    random tokens, exported while in training mode (the export is the eval-mode head), with its
+    tokenizer; the model card names the head."""
+    model = OutHeadsForCausalLM.from_backbone(tiny_original("gpt2"), "drill", {"output_bias": False, "dropout": 0.1})
+    start = [p.detach().clone() for p in model.head.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        ids = torch.randint(3, VOCAB, (4, 12), generator=g)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all((p - s).abs().max() > 1e-3 for p, s in zip(model.head.parameters(), start))
+    result = model.export_plain(tmp_path / "drill", tokenizer=word_tokenizer())
+    assert model.training and result.exact and result.mean_kl is None
+    case = expected(model, "gpt2", tmp_path / "drill", text="w5 w6 w7")
+    results = check_in_fresh_python({"trained-drill": case}, tmp_path)
+    assert results["trained-drill"]["tokens"] == [5, 6, 7]
+    card = (tmp_path / "drill" / "README.md").read_text()
+    assert "`drill` output head" in card and "arxiv:1905.05513" in card and "trust_remote_code" in card
+    assert (tmp_path / "drill" / "generation_config.json").is_file()
+
+
+def test_folding_keeps_the_context_map_and_its_offset():
+    """`equivalent_lm_head` is the head's scores: joint's V and b_v, bilinear's W_l are folded in
+    (without them the scores differ)."""
+    h = torch.randn(5, 32, generator=torch.Generator().manual_seed(1))
+    for head in ("joint", "bilinear"):  # joint_dim 32: the matrices of the dropped form still multiply
+        model = perturb(tiny_model("bart", head))
+        E = model.output_embedding_matrix()
+        weight, bias = model.head.equivalent_lm_head(E)
+        want = torch.nn.functional.linear(model.head.context(h), model.head.label_matrix(E), model.head.bias)
+        torch.testing.assert_close(h @ weight.T + bias, want, rtol=1e-5, atol=1e-5)
+        dropped = torch.nn.functional.linear(h, model.head.label_matrix(E), model.head.bias)
+        assert (dropped - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "mistral", "t5"])
+def test_a_bias_the_class_cannot_hold_is_refused(family, tmp_path):
+    model = perturb(tiny_model(family, "linear"))
+    with pytest.raises(ValueError, match=r"adds a per-word output bias.*adds none.*'output_bias': False.*approximate=True"):
+        model.export_plain(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_zero_bias_exports_exactly_anywhere(tmp_path):
+    """A head with a bias that is still zero (fresh) needs no place for it."""
+    assert tiny_model("llama", "drill").export_plain(tmp_path / "out").exact
+
+
+def test_a_joint_head_with_a_nonlinear_context_is_refused(tmp_path):
+    model = tiny_model("gpt2", "joint", {"joint_dim": 16, "activation": "tanh", "output_bias": False})
+    with pytest.raises(ValueError, match=r"tanh\(V h \+ b_v\) is not an affine map of h.*activation 'identity'"):
+        model.export_plain(tmp_path / "out", approximate=True, input_ids=[[3, 4, 5]])
+    # tanh on the label side only (form "output"): the context is h, so it exports exactly
+    assert tiny_model("gpt2", "joint", {"activation": "tanh", "form": "output", "output_bias": False}).export_plain(
+        tmp_path / "output-form").exact
+
+
+@pytest.mark.parametrize("head", ["mos", "doc", "lightrnn"])
+def test_mixtures_are_refused(head, tmp_path):
+    from head_cases import HEAD_CASES
+
+    with pytest.raises(ValueError, match=rf"Head '{head}' has no plain equivalent.*mixture of softmaxes"):
+        tiny_model("bart", head, HEAD_CASES[head]).export_plain(tmp_path / "out", approximate=True, input_ids=[[3, 4]])
+
+
+def test_approximate_drops_the_bias_and_measures_the_kl(tmp_path):
+    model = perturb(tiny_model("llama", "drill"), scale=0.5)
+    with pytest.raises(ValueError, match="approximate=True .* texts .* input_ids"):
+        model.export_plain(tmp_path / "out", approximate=True)
+    with pytest.raises(ValueError, match="texts need the tokenizer"):
+        model.export_plain(tmp_path / "out", approximate=True, texts=["w3 w4"])
+    ids = torch.randint(3, VOCAB, (3, 9), generator=torch.Generator().manual_seed(2))
+    result = model.export_plain(tmp_path / "out", approximate=True, input_ids=ids)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        got = plain(input_ids=ids).logits
+    torch.testing.assert_close(got + model.head.bias.detach(), want, rtol=1e-5, atol=1e-5)  # the bias, dropped
+    log_p, log_q = want.log_softmax(-1), got.log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean().item()
+    assert not result.exact and result.mean_kl == pytest.approx(kl, rel=1e-4) and kl > 1e-3
+    assert "approximation" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_heads_without_an_output_bias(tmp_path):
+    """output_bias=False: no parameter (joint: no b_v either); saved and loaded as such; the
+    chunked and sampled losses run without it; resize and conversion handle it."""
+    for head, options in EXACT_HEADS.items():
+        model = tiny_model("gpt2", head, {**options, "output_bias": False})
+        assert model.head.bias is None and not any(k.endswith("head.bias") for k in model.state_dict())
+        if head == "joint":
+            assert model.head.in_proj.bias is None
+        ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(3))
+        full = model(input_ids=ids, labels=ids).loss
+        model.head.options.training_loss = "chunked"
+        torch.testing.assert_close(model(input_ids=ids, labels=ids, return_logits=False).loss, full)
+        model.head.options.training_loss = "sampled"
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.eval()
+        model.save_pretrained(tmp_path / head)
+        loaded = model_class("gpt2").from_pretrained(tmp_path / head).eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+        model.resize_token_embeddings(VOCAB + 5)
+        assert model(input_ids=ids).logits.shape[-1] == VOCAB + 5 and model.head.bias is None
+
+
+def test_conversion_into_a_head_without_bias():
+    """Exact from a bias-free original (GPT-2); from BART's non-zero final_logits_bias it cannot be."""
+    gpt2 = tiny_original("gpt2")
+    model = OutHeadsForCausalLM.from_backbone(gpt2, "tied", {"output_bias": False}).eval()
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(model(input_ids=ids).logits, gpt2(input_ids=ids).logits)
+    bart = model_class("bart").from_backbone(tiny_original("bart"), "tied")
+    head = model_class("bart")(OutHeadsConfig(text_config=tiny_config("bart"), head_type="tied",
+                                              head_options={"output_bias": False})).head
+    weight, bias = bart.head.plain_lm_head(bart.output_embedding_matrix())
+    assert not head.init_from_lm_head(weight, bias, weight)
+    assert head.init_from_lm_head(weight, torch.zeros_like(bias), weight)
+
+
+def test_command_line(tmp_path):
+    """`python -m training.export_plain <trained_dir> <out_dir>`: the saved model and its tokenizer."""
+    from training.export_plain import main
+
+    model = perturb(tiny_model("llama", "drill"))
+    model.save_pretrained(tmp_path / "trained")
+    word_tokenizer().save_pretrained(tmp_path / "trained")
+    with pytest.raises(SystemExit, match="output_bias.*--approximate --text-file"):
+        main([str(tmp_path / "trained"), str(tmp_path / "out")])
+    (tmp_path / "sample.txt").write_text("w5 w6 w7 w8\n\nw9 w10\n")
+    report = main([str(tmp_path / "trained"), str(tmp_path / "out"), "--approximate", "--text-file",
+                   str(tmp_path / "sample.txt")])
+    assert report["architecture"] == "LlamaForCausalLM" and not report["exact"] and report["mean_kl"] > 0
+    assert (tmp_path / "out" / "tokenizer.json").is_file()
