@@ -67,6 +67,8 @@ class LightRNNOptions(MixtureOptions):
 
     num_components: int = integer(1, minimum=1)
     num_exclusive: int | None = integer(None, minimum=0, optional=True)
+    # its latents start at torch's Linear init, not the identity: plain maps until measured otherwise
+    scratch_defaults: ClassVar[dict] = {"map_scale": 1.0}
     num_rows: int | None = integer(None, minimum=1, optional=True)
     num_columns: int | None = integer(None, minimum=1, optional=True)
     table_init: str = choice("frequency", TABLE_INITS)

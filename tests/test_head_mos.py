@@ -80,7 +80,7 @@ def test_exact_training_loss_equals_loss_of_the_logits():
 def make_head(kind="locked", rate=0.5, components=4, d=6):
     dims = HeadDims(vocab_size=11, embed_dim=d, hidden_dim=d, num_layers=2)
     head = MoSHead(MoSOptions(num_components=components, latent_dropout=rate, dropout_kind=kind,
-                              latent_activation="tanh"), dims)
+                              latent_activation="tanh", map_scale=1.0), dims)  # stored latent weights = maps
     head.reset_parameters()
     with torch.no_grad():  # constant latents tanh(1): what latent_states returns is the dropout mask
         head.latents[0].weight.zero_()
@@ -137,7 +137,7 @@ def test_untied_latent_dim_and_saved_defaults():
     assert model.head.weight.shape == (99, 16) and model.head.latents[0].weight.shape == (3 * 16, 32)
     defaults = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos").head_options
     assert defaults == {"latent_dim": None, "tied": False, "latent_activation": "identity", "latent_dropout": 0.0,
-                        "dropout_kind": "locked", "latent_init": "identity", "map_scale": 1.0,
+                        "dropout_kind": "locked", "latent_init": "identity", "map_scale": 0.01,
                         "num_components": 15}
 
 
