@@ -21,6 +21,11 @@ Options (defaults):
     tanh bounds the latents that replace the backbone's unbounded final-norm state, and E at
     a transformer's init (N(0, 0.02^2)) scores flatter than the reference's uniform(-0.1, 0.1).
     Identity latents also make a converted pretrained LM exact (`MixtureHead.init_from_lm_head`).
+  - `map_scale` = None: 0.01 from scratch, 1 when converted from a trained head. Each latent map
+    is stored as `W_j = (1 - s) I + s A_j`, so under Adam it moves s times as far per step as a
+    plain parameter (as `bilinear`/`joint`'s `map_scale`). Departure, chosen by measurement: with
+    plain maps (`map_scale=1`, the paper's form) the mixture trained from scratch to a worse
+    model than its own K = 1 case, the untied `linear` head; at 0.01 to a better one.
   - `latent_dropout` = 0.0, `dropout_kind` = "locked" (reference: LockedDropout on the
     `(T, B, K*d)` latents, i.e. a separate mask per component shared over time steps).
     Departure: the reference PTB rate is 0.29; a transformer backbone brings its own dropout
