@@ -176,3 +176,15 @@ def test_manpages_dataset_from_cached_packages_splits_by_page(tmp_path):
     assert 0 < len(data["validation"]) < len(data["train"])
     assert "The call3() system call" in next(t for split in data.values() for t in split["text"]
                                             if t.startswith("call3(2)"))
+
+
+def test_regime_table_puts_each_comparison_beside_the_others(tmp_path):
+    from training.regimes import regime_table
+
+    rows, best = compare_heads.summarise(RUNS)
+    for name in ("scratch", "finetune"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"best_plain": best, "rows": rows}))
+    table = regime_table([tmp_path / "scratch", tmp_path / "finetune"])
+    assert "scratch: vs linear, equal steps (seeds better)" in table
+    assert "| mos | -2.2% (1/2) | +54.3% | -25.0% | -2.2% (1/2) | +54.3% | -25.0% |" in table

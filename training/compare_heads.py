@@ -136,7 +136,8 @@ def main(argv=None):
             f"of `tied` and `linear`) are of the means; \"better at seeds\" pairs each seed with its run.\n\n"
             f"{markdown_table(rows, best)}\nMean {metric} at every evaluation:\n\n{curve_table(runs, metric)}")
     (output_dir / "results.md").write_text(text)
-    (output_dir / "results.json").write_text(json.dumps({"command": command, "seeds": seeds, "rows": rows,
+    (output_dir / "results.json").write_text(json.dumps({"command": command, "seeds": seeds, "best_plain": best,
+                                                          "rows": rows,
                                                           "runs": runs}, indent=1) + "\n")
     if not extra["no_plot"]:
         from training.study_plots import plot_curves
