@@ -8,12 +8,12 @@ identity, so `d == d_h` is required, and depth 0 is exactly `tied`.
 
 Defaults: depth 2 (the paper's Transformer setting, Sec. 4.2), relu with standard dropout
 0.1 (the paper's WikiText-2 form, Sec. 4.1, at a transformer's dropout rate), residual to E
-only. Departure, chosen by measurement (training/results): the paper's Transformer setting
+only. Departure, chosen by measurement: the paper's Transformer setting
 (sigmoid, no dropout) trained to a worse model than the tied head on a from-scratch
 transformer LM, relu with standard dropout 0.1 to a better one. The paper's PTB setting is
 depth 4, sigmoid, locked dropout 0.6. `dropout` left unset is 0 when the head is converted
 from a trained one (`from_backbone`): measured better than 0.1 in both fine-tuning
-comparisons (LM -4.9% against -4.5% perplexity vs `tied`; seq2seq +0.4% against -0.3% BLEU).
+comparisons (LM perplexity and seq2seq BLEU; the figures are in the repository's results).
 
 Departures from paper / reference code (idiap/drill):
 - `dropout_position="input"` (default) drops each layer's input, `act(drop(X) U + b) + E`,
@@ -68,8 +68,8 @@ class DrillOptions(EncodedLabelsOptions):
     dropout_kind: str = choice("standard", DROPOUT_KINDS)
     dropout_position: str = choice("input", DROPOUT_POSITIONS)
     residual_previous: bool = flag(False)
-    scratch_defaults: ClassVar[dict] = {"dropout": 0.1}  # training/results/ablations_stdlib_lm.md
-    conversion_defaults: ClassVar[dict] = {"dropout": 0.0}  # training/results/ablations_finetune.md
+    scratch_defaults: ClassVar[dict] = {"dropout": 0.1}  # measured (the repository's ablations)
+    conversion_defaults: ClassVar[dict] = {"dropout": 0.0}  # measured (the repository's ablations)
 
     def complete(self, dims: HeadDims) -> None:
         require_tied_width("drill", dims, "scores E^(k) h with a residual to E in every layer",

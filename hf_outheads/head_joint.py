@@ -17,7 +17,7 @@ Departures from paper / reference code (idiap/joint-embedding-nmt):
 - The ablation forms keep the bias of the projection they use (Eq. 12/13); Eq. 6/7 omit it.
 - No sampled softmax here (paper 3.2); evaluation and generation use the full vocabulary
   in the paper too.
-- Defaults chosen by measurement on a from-scratch transformer LM (training/results):
+- Defaults chosen by measurement on a from-scratch transformer LM:
   `activation="identity"` and `init="identity"` (projections at a (semi-)identity, so the
   head starts exactly as `tied`). The paper's tanh with the reference init (every parameter
   uniform(-0.1, 0.1), `init="uniform"`) trained to a much worse model, and tanh started at the

@@ -15,7 +15,7 @@ Options (defaults):
   - `tied` = False, `latent_activation` = "identity", `latent_init` = "identity": the
     components score with their own `|V| x d` matrix `W` (N(0, 0.02^2)), latents
     `k_j = W_j h + b_j` start at `W_j = I + N(0, 0.02^2)`, `b_j = 0`, and the prior at a uniform
-    `pi` (`W_pi = 0`). Departure, chosen by measurement (training/results): MoS as published
+    `pi` (`W_pi = 0`). Departure, chosen by measurement: MoS as published
     (`tied=True`, `latent_activation="tanh"`, `latent_init="uniform"`: torch's Linear init)
     trains to a much worse model than the tied head on a from-scratch transformer LM:
     tanh bounds the latents that replace the backbone's unbounded final-norm state, and E at

@@ -36,9 +36,9 @@ MIX_CHUNK_ELEMENTS = 2**24  # per chunk of the `rows x J x |V|` scores when full
 @dataclass
 class MixtureOptions(HeadOptions):
     """Options of the prior and latents (`mos`, `doc`, `lightrnn`). Defaults measured on transformer
-    backbones (training/results/ablations_stdlib_lm.md): an own output matrix and identity latents
-    started at the identity under a uniform prior; the reference codes are `tied=True`,
-    `latent_activation="tanh"`, `latent_init="uniform"` (and dropout, see the heads)."""
+    backbones: an own output matrix and identity latents started at the identity under a uniform
+    prior, learnt at `map_scale` 0.01 from scratch; the reference codes are `tied=True`,
+    `latent_activation="tanh"`, `latent_init="uniform"`, plain maps (and dropout, see the heads)."""
 
     latent_dim: int | None = integer(None, minimum=1, optional=True)  # d of k_j; None = embedding width
     tied: bool = flag(False)  # own |V| x latent_dim matrix W; True: s_j = E k_j + b (reference `tie_weights`)
@@ -49,7 +49,7 @@ class MixtureOptions(HeadOptions):
     # how far a step of the stored latent parameters moves the latent maps (`PriorAndLatents`);
     # 1: the plain form (None: `scratch_defaults` from scratch, `conversion_defaults` when converted)
     map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
-    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured: training/results/ablations_stdlib_lm.md
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured (the repository's ablations)
     conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
     saved_defaults: ClassVar[dict] = {"map_scale": 1.0}  # configs saved before the option: plain maps
 
