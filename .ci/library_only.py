@@ -7,7 +7,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import hf_outheads
 
-missing = [name for name in ("datasets", "accelerate", "evaluate", "sacrebleu", "yaml") if importlib.util.find_spec(name)]
+missing = [name for name in ("datasets", "accelerate", "evaluate", "sacrebleu") if importlib.util.find_spec(name)]
 assert not missing, f"installed without being asked for: {missing}"
 torch.manual_seed(0)
 original = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0))
