@@ -98,6 +98,10 @@ class OutHeadsConfig(PretrainedConfig):
             kind = config_dict.get("model_type")
             raise ValueError(f"This {'`' + kind + '` ' if kind else ''}config has no {' and no '.join(missing)}, so it "
                              f"is not an hf_outheads config. {FROM_BACKBONE}")
+        saved = config_dict.get("head_options")
+        if isinstance(saved, dict):  # options added since it was saved keep that version's behaviour
+            options_class = get_head_class(kwargs.get("head_type") or config_dict["head_type"]).Options
+            config_dict = {**config_dict, "head_options": options_class.for_saved(saved)}
         return super().from_dict(config_dict, **kwargs)
 
     def __getattr__(self, name: str):

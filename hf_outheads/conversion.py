@@ -140,7 +140,7 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
             f"missing {missing}, unexpected {unexpected}."
         )
     model.backbone.tie_weights()
-    exact = model.head.init_from_lm_head(weight, bias, model.output_embedding_matrix())
+    exact = model.head.init_from_lm_head(weight, bias, model.head.conversion_labels(weight, model.output_embedding_matrix()))
     if not exact:
         logger.warning(
             "Head '%s' cannot reproduce the original LM head of %s exactly; it starts from the closest "

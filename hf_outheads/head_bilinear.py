@@ -5,7 +5,7 @@ Computed as `E (W_l h)`: `N d d_h` per call instead of `|V| d d_h` for `E W_l`.
 Option `init` (from scratch): "identity" (default) starts `W_l` at `I` (`tied`'s scores;
 a `d x d_h` semi-identity when d != d_h); "uniform" is the DRILL
 reference init, uniform(-0.1, 0.1), which starts from a random projection of `h` (departure:
-measured worse on transformer backbones, see training/results).
+measured worse on transformer backbones).
 Option `map_scale`: `W_l` is stored as `I + map_scale * A` (`scaled_map.py`), so it learns
 `map_scale` times slower than the backbone under Adam. Unset: 0.1 from scratch (better than
 `joint`'s 0.01 for this head), 1 when converted from a trained head (`from_backbone`), both
@@ -31,7 +31,7 @@ class BilinearOptions(MapOptions):
     0.1 from scratch, 1 when converted)."""
 
     head_type: ClassVar[str] = "bilinear"
-    scratch_defaults: ClassVar[dict] = {"map_scale": 0.1}  # training/results/ablations_stdlib_lm.md, fifth round
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.1}  # measured (the repository's ablations)
 
 
 class BilinearHead(TiedToEmbeddings, SoftmaxHead):
@@ -45,12 +45,16 @@ class BilinearHead(TiedToEmbeddings, SoftmaxHead):
     def reset_parameters(self) -> None:
         self.map.reset()
         self.reset_bias()
+        self.reset_label_source()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings
 
     def context(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.map(hidden)
+
+    def context_flops(self) -> int:
+        return 2 * self.dims.embed_dim * self.dims.hidden_dim
 
     def context_map(self):
         return self.map.effective_weight(), None  # W_l h

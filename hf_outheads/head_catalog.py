@@ -13,6 +13,7 @@ from .head_joint import JointHead
 from .head_lightrnn import LightRNNHead
 from .head_linear import LinearHead
 from .head_mos import MoSHead
+from .head_sigsoftmax import SigSoftmaxHead
 from .head_tied import TiedHead
 from .head_interface import OutputHead
 
@@ -27,6 +28,7 @@ HEAD_CLASSES: dict[str, type[OutputHead]] = {
         MoSHead,
         DOCHead,
         LightRNNHead,
+        SigSoftmaxHead,
     )
 }
 

@@ -8,12 +8,12 @@ identity, so `d == d_h` is required, and depth 0 is exactly `tied`.
 
 Defaults: depth 2 (the paper's Transformer setting, Sec. 4.2), relu with standard dropout
 0.1 (the paper's WikiText-2 form, Sec. 4.1, at a transformer's dropout rate), residual to E
-only. Departure, chosen by measurement (training/results): the paper's Transformer setting
+only. Departure, chosen by measurement: the paper's Transformer setting
 (sigmoid, no dropout) trained to a worse model than the tied head on a from-scratch
 transformer LM, relu with standard dropout 0.1 to a better one. The paper's PTB setting is
 depth 4, sigmoid, locked dropout 0.6. `dropout` left unset is 0 when the head is converted
 from a trained one (`from_backbone`): measured better than 0.1 in both fine-tuning
-comparisons (LM -4.9% against -4.5% perplexity vs `tied`; seq2seq +0.4% against -0.3% BLEU).
+comparisons (LM perplexity and seq2seq BLEU; the figures are in the repository's results).
 
 Departures from paper / reference code (idiap/drill):
 - `dropout_position="input"` (default) drops each layer's input, `act(drop(X) U + b) + E`,
@@ -45,7 +45,7 @@ from transformers import initialization as init
 
 from .options import HeadDims, choice, flag, integer, number, require_tied_width
 from .head_interface import TiedToEmbeddings
-from .softmax import SoftmaxHead, SoftmaxOptions
+from .softmax import EncodedLabelsOptions, SoftmaxHead
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
 SLOPE_AT_ZERO = {"sigmoid": 0.25, "relu": 1.0, "tanh": 1.0}  # act(x) ~ act(0) + slope * x
@@ -54,7 +54,7 @@ DROPOUT_POSITIONS = ("input", "output")
 
 
 @dataclass
-class DrillOptions(SoftmaxOptions):
+class DrillOptions(EncodedLabelsOptions):
     """depth: k label-encoder layers (0 = `tied`); activation: relu / sigmoid / tanh;
     dropout: rate between layers (None: 0.1 from scratch, 0 when converted); dropout_kind:
     "locked" (variational: one `(1, d)` mask shared by every vocabulary row, per layer and
@@ -69,8 +69,8 @@ class DrillOptions(SoftmaxOptions):
     dropout_kind: str = choice("standard", DROPOUT_KINDS)
     dropout_position: str = choice("input", DROPOUT_POSITIONS)
     residual_previous: bool = flag(False)
-    scratch_defaults: ClassVar[dict] = {"dropout": 0.1}  # training/results/ablations_stdlib_lm.md
-    conversion_defaults: ClassVar[dict] = {"dropout": 0.0}  # training/results/ablations_finetune.md
+    scratch_defaults: ClassVar[dict] = {"dropout": 0.1}  # measured (the repository's ablations)
+    conversion_defaults: ClassVar[dict] = {"dropout": 0.0}  # measured (the repository's ablations)
 
     def complete(self, dims: HeadDims) -> None:
         require_tied_width("drill", dims, "scores E^(k) h with a residual to E in every layer",
@@ -202,6 +202,7 @@ class DrillHead(TiedToEmbeddings, SoftmaxHead):
             init.uniform_(layer.weight, -0.1, 0.1)  # paper and reference code
             init.uniform_(layer.bias, -bound, bound)  # reference: nn.Linear's default
         self.reset_bias()
+        self.reset_label_source()
 
     def encode_layer(self, i: int, previous: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """`E^(i)` from `E^(i-1)` (Eq. 9, 10, 12); i counts from 0."""
@@ -219,6 +220,9 @@ class DrillHead(TiedToEmbeddings, SoftmaxHead):
         for i in range(len(self.layers)):
             out = self.encode_layer(i, out, embeddings)
         return out
+
+    def label_flops(self) -> int:
+        return len(self.layers) * 2 * self.dims.vocab_size * self.dims.embed_dim**2
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """Fit each layer so that `E^(i) ~= E` and `E^(k) ~= W` (the original head), up to a

@@ -100,6 +100,17 @@ class OutputHead(nn.Module):
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
         raise NotImplementedError
 
+    def conversion_labels(self, weight: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """The matrix `init_from_lm_head` fits the head to as its `embeddings` (a conversion from
+        an LM head `weight`): E, or a head's own labels started from `weight`."""
+        return embeddings
+
+    def forward_flops(self, num_positions: int) -> int:
+        """Floating-point operations (2 per multiply-add) of the head's matrix products in one
+        training forward over `num_positions` scored positions, context-independent work (a
+        label encoder) counted once. A backward costs about twice this (`flops.py`)."""
+        raise NotImplementedError
+
     def generation_scope(self):
         """Context manager the model enters around each `generate` call, in which nothing the
         head reads changes (single-softmax heads reuse their label matrix). Default: nothing."""
@@ -169,9 +180,8 @@ class TiedToEmbeddings:
     FSDP2 preparation (`fsdp2_prepare_model`) then shards the input embedding and the output
     layer as one group that stays gathered from the embedding lookup to the head, which a head
     reading `E` needs (in separate groups the head would meet a sharded `E`). `weight` is no
-    attribute (AttributeError) while no embedding is bound or when `reads_embeddings` is False."""
-
-    reads_embeddings = True
+    attribute (AttributeError) while no embedding is bound or when the head's `reads_embeddings`
+    is False (lightrnn's untied codes; `labels="own"`, `SoftmaxHead.reads_embeddings`)."""
 
     @property
     def weight(self) -> torch.Tensor:

@@ -17,7 +17,7 @@ Departures from paper / reference code (idiap/joint-embedding-nmt):
 - The ablation forms keep the bias of the projection they use (Eq. 12/13); Eq. 6/7 omit it.
 - No sampled softmax here (paper 3.2); evaluation and generation use the full vocabulary
   in the paper too.
-- Defaults chosen by measurement on a from-scratch transformer LM (training/results):
+- Defaults chosen by measurement on a from-scratch transformer LM:
   `activation="identity"` and `init="identity"` (projections at a (semi-)identity, so the
   head starts exactly as `tied`). The paper's tanh with the reference init (every parameter
   uniform(-0.1, 0.1), `init="uniform"`) trained to a much worse model, and tanh started at the
@@ -103,12 +103,22 @@ class JointHead(TiedToEmbeddings, SoftmaxHead):
             if proj is not None:
                 proj.reset()
         self.reset_bias()
+        self.reset_label_source()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return self.act(self.out_proj(embeddings)) if self.out_proj is not None else embeddings
 
     def context(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.in_act(self.in_proj(hidden)) if self.in_proj is not None else hidden
+
+    def label_flops(self) -> int:
+        return 2 * self.dims.vocab_size * self.dims.embed_dim * self.options.joint_dim if self.out_proj is not None else 0
+
+    def context_flops(self) -> int:
+        return 2 * self.dims.hidden_dim * self.options.joint_dim if self.in_proj is not None else 0
+
+    def score_width(self) -> int:
+        return self.options.joint_dim
 
     def context_map(self):
         """`(V, b_v)`; not affine (a ValueError) when `g_in` has a tanh / sigmoid / relu."""

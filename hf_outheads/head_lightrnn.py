@@ -23,9 +23,10 @@ resolved against the vocabulary when the config is built, so the saved config st
 shape (the paper's sizes are not in our copy; F measured, see `table_shape`). `table_init` = "frequency" (rows are frequency
 bands) or "random" (the paper's random-table ablation). `latent_dim`, `latent_activation`,
 `latent_dropout`, `dropout_kind`: as `mos` (one locked mask for `k`, one for `z`).
-`latent_activation` = "identity" and `latent_init` = "identity", as `mos` (departure: the
-paper's tanh latents, "tanh" / "uniform" here, trained to a worse model than `tied` on a
-from-scratch transformer LM; identity latents to a better one, training/results).
+`latent_activation` = "identity" as `mos` (departure: the paper's tanh latents, "tanh" here,
+trained to a worse model than `tied` on a from-scratch transformer LM; identity latents to a
+better one). `latent_init` = "uniform": the latent maps start at torch's Linear init (the form
+every comparison of this head measured); "identity" starts them at `I + noise` as `mos`'s.
 `tied` = False (paper: codes have their own embeddings); True scores exclusive codes with the
 input embeddings of their words (E[w] k_j).
 
@@ -58,7 +59,7 @@ from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, a
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
                              resize_codes, table_grid, table_shape)
 from .losses import mixture_nll_sum
-from .mixture import MixtureOptions, PriorAndLatents, over_row_chunks
+from .mixture import LATENT_INITS, MixtureOptions, PriorAndLatents, over_row_chunks
 from .options import HeadDims, choice, integer
 
 
@@ -68,6 +69,9 @@ class LightRNNOptions(MixtureOptions):
 
     num_components: int = integer(1, minimum=1)
     num_exclusive: int | None = integer(None, minimum=0, optional=True)
+    # the latents start at torch's Linear init (every measurement of this head), with plain maps
+    latent_init: str = choice("uniform", LATENT_INITS)
+    scratch_defaults: ClassVar[dict] = {"map_scale": 1.0}
     num_rows: int | None = integer(None, minimum=1, optional=True)
     num_columns: int | None = integer(None, minimum=1, optional=True)
     table_init: str = choice("frequency", TABLE_INITS)
@@ -113,7 +117,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     def reset_parameters(self) -> None:
         """Linear-layer init (as `mos`) for prior and latents, uniform(-0.1, 0.1) for code
         embeddings (as `mos`'s untied W), zero biases, the default table."""
-        self.init_prior_and_latents(identity=False)
+        self.init_prior_and_latents(identity=self.options.latent_init == "identity")
         bound = self.dims.hidden_dim**-0.5
         for tensor in self.column_latents.parameters():
             init.uniform_(tensor, -bound, bound)
@@ -213,6 +217,13 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
             self._add_costs(states[0].detach(), states[1].detach(), s2.detach(), labels, row, params)
         return HeadOutput(logits=None, nll_sum=nll)
 
+    def forward_flops(self, num_positions: int) -> int:
+        """Training loss path per position: K latents and K column latents from `d_h`, the prior,
+        K first-code scores over `F + R` and K column scores over the label's row (`C`); the
+        table's re-assignment statistics are not counted."""
+        (f, r, c), K, d, d_h = self.table, self.num_components, self.latent_size, self.dims.hidden_dim
+        return num_positions * (2 * 2 * d_h * K * d + 2 * d_h * K + 2 * K * d * (f + r + c))
+
     # ----- learning the table (the interface's periodic update) -----
     def periodic_update(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:
         """`reassign_codes`, its statistics as `code_*` metrics."""
@@ -291,7 +302,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
         `set_word_counts` re-draws the default table, so that the codes' parameters follow their words."""
         d, d_h, eps = self.latent_size, self.dims.hidden_dim, self.conversion_scale
         A = torch.eye(d, d_h) if d >= d_h else torch.linalg.svd(weight.float(), full_matrices=False)[2][:d]
-        self.latents[0].weight.copy_((A * eps).repeat(self.num_components, 1))
+        self.set_latent_map(0, (A * eps).repeat(self.num_components, 1))
         self.latents[0].bias.zero_()
         self._conversion = (weight.float() @ A.T.to(weight.device) / eps, bias.float())
         self.convert_codes(*self._conversion)

@@ -33,6 +33,9 @@ class LinearHead(SoftmaxHead):
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         return self.weight
 
+    def score_width(self) -> int:
+        return self.dims.hidden_dim
+
     def plain_lm_head(self, embeddings):
         return self.weight.detach(), self.bias_or_zeros(self.weight)
 

@@ -15,12 +15,17 @@ Options (defaults):
   - `tied` = False, `latent_activation` = "identity", `latent_init` = "identity": the
     components score with their own `|V| x d` matrix `W` (N(0, 0.02^2)), latents
     `k_j = W_j h + b_j` start at `W_j = I + N(0, 0.02^2)`, `b_j = 0`, and the prior at a uniform
-    `pi` (`W_pi = 0`). Departure, chosen by measurement (training/results): MoS as published
+    `pi` (`W_pi = 0`). Departure, chosen by measurement: MoS as published
     (`tied=True`, `latent_activation="tanh"`, `latent_init="uniform"`: torch's Linear init)
     trains to a much worse model than the tied head on a from-scratch transformer LM:
     tanh bounds the latents that replace the backbone's unbounded final-norm state, and E at
     a transformer's init (N(0, 0.02^2)) scores flatter than the reference's uniform(-0.1, 0.1).
     Identity latents also make a converted pretrained LM exact (`MixtureHead.init_from_lm_head`).
+  - `map_scale` = None: 0.01 from scratch, 1 when converted from a trained head. Each latent map
+    is stored as `W_j = (1 - s) I + s A_j`, so under Adam it moves s times as far per step as a
+    plain parameter (as `bilinear`/`joint`'s `map_scale`). Departure, chosen by measurement: with
+    plain maps (`map_scale=1`, the paper's form) the mixture trained from scratch to a worse
+    model than its own K = 1 case, the untied `linear` head; at 0.01 to a better one.
   - `latent_dropout` = 0.0, `dropout_kind` = "locked" (reference: LockedDropout on the
     `(T, B, K*d)` latents, i.e. a separate mask per component shared over time steps).
     Departure: the reference PTB rate is 0.29; a transformer backbone brings its own dropout

@@ -52,8 +52,8 @@ EXACT_LIMIT = 2**22  # words x cells entries of the exact problem (about 2,048 x
 def table_shape(vocab_size: int, F: int | None, R: int | None, C: int | None) -> tuple[int, int, int]:
     """(F, R, C) with the defaults of the unset ones (`head_lightrnn` docstring); a table too small
     for the vocabulary is an error. F = |V| // 2 (up to 4,096) was measured: on a 2,000-word BPE
-    vocabulary from scratch |V| // 4 trained to 4.2% above `tied`, |V| // 2 to 6.4% below
-    (training/results/ablations_stdlib_lm.md); from 8,192 words on F is 4,096 either way."""
+    vocabulary from scratch |V| // 4 trained to a worse model than `tied`, |V| // 2 to a better
+    one; from 8,192 words on F is 4,096 either way."""
     F = min(4096, vocab_size // 2) if F is None else F
     n = max(vocab_size - F, 1)
     C = C or (math.ceil(n / R) if R else math.ceil(math.sqrt(n)))

@@ -14,6 +14,7 @@ are one batched matmul over the J latents (`mixture_log_probs`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,7 @@ from transformers import initialization as init
 
 from .head_interface import HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits
 from .losses import is_traced, mixture_nll_sum
-from .options import HeadDims, HeadOptions, choice, flag, integer, probability
+from .options import HeadDims, HeadOptions, choice, flag, integer, number, probability
 
 ACTIVATIONS = ("tanh", "identity")
 LATENT_INITS = ("identity", "uniform")
@@ -35,9 +36,9 @@ MIX_CHUNK_ELEMENTS = 2**24  # per chunk of the `rows x J x |V|` scores when full
 @dataclass
 class MixtureOptions(HeadOptions):
     """Options of the prior and latents (`mos`, `doc`, `lightrnn`). Defaults measured on transformer
-    backbones (training/results/ablations_stdlib_lm.md): an own output matrix and identity latents
-    started at the identity under a uniform prior; the reference codes are `tied=True`,
-    `latent_activation="tanh"`, `latent_init="uniform"` (and dropout, see the heads)."""
+    backbones: an own output matrix and identity latents started at the identity under a uniform
+    prior, learnt at `map_scale` 0.01 from scratch; the reference codes are `tied=True`,
+    `latent_activation="tanh"`, `latent_init="uniform"`, plain maps (and dropout, see the heads)."""
 
     latent_dim: int | None = integer(None, minimum=1, optional=True)  # d of k_j; None = embedding width
     tied: bool = flag(False)  # own |V| x latent_dim matrix W; True: s_j = E k_j + b (reference `tie_weights`)
@@ -45,6 +46,12 @@ class MixtureOptions(HeadOptions):
     latent_dropout: float = probability(0.0)  # rate on the latents; MoS PTB 0.29, DOC 0.6 (heads' docstrings)
     dropout_kind: str = choice("locked", DROPOUT_KINDS)  # "locked": one mask per sequence for all steps
     latent_init: str = choice("identity", LATENT_INITS)  # "identity": W_n = I + noise; "uniform": reference
+    # how far a step of the stored latent parameters moves the latent maps (`PriorAndLatents`);
+    # 1: the plain form (None: `scratch_defaults` from scratch, `conversion_defaults` when converted)
+    map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured (the repository's ablations)
+    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
+    saved_defaults: ClassVar[dict] = {"map_scale": 1.0}  # configs saved before the option: plain maps
 
     def complete(self, dims: HeadDims) -> None:
         if self.tied and self.latent_dim not in (None, dims.embed_dim):
@@ -59,7 +66,13 @@ class PriorAndLatents:
     Linear) on the head itself, so their parameter names are `head.prior.*`, `head.latents.{g}.*`
     (a sub-module would rename them and break saved checkpoints). `groups` lists (backbone layer,
     component count); layer `dims.num_layers` means `inputs.hidden` (final norm and `hidden_scale`
-    applied). Options read: `latent_activation`, `latent_dropout`, `dropout_kind`."""
+    applied). Options read: `latent_activation`, `latent_dropout`, `dropout_kind`, `map_scale`.
+
+    `map_scale` s < 1 stores each latent map as `W_n = (1 - s) I + s A_n` and its bias as `s c_n`
+    (`I` only with the identity init; 0 with the reference init), so that under Adam-type
+    optimisers a step of the stored `A_n, c_n` moves the map s times as far (as `ScaledMap` does
+    for `bilinear` and `joint`). s = 1 is the plain `W_n = A_n`, the stored form of earlier
+    versions."""
 
     shared_dropout_mask = False  # doc: one locked mask for all components; mos: one per component
     tanh_init_scale = 0.01  # eps of the tanh conversion (see `MixtureHead.init_from_lm_head`)
@@ -85,24 +98,56 @@ class PriorAndLatents:
     def layer_indices(self) -> tuple[int, ...]:
         return tuple(sorted({layer for layer, _ in self.groups if layer != self.dims.num_layers}))
 
+    @property
+    def latent_scale(self) -> float:
+        return 1.0 if self.options.map_scale is None else float(self.options.map_scale)
+
+    @property
+    def latent_base(self) -> float:
+        """The identity's share `1 - s` in the latent maps (0 with the reference init)."""
+        return (1.0 - self.latent_scale) if self.options.latent_init == "identity" else 0.0
+
     def init_prior_and_latents(self, identity: bool) -> None:
         """`identity`: every latent map starts at `I + N(0, 0.02^2)` (a component scores about
         what `tied` scores), latent biases and the prior at zero (a uniform prior). Otherwise the
-        reference init: torch's default Linear init, uniform(+-1/sqrt(d_h)), for every parameter."""
+        reference init: torch's default Linear init, uniform(+-1/sqrt(d_h)), for every parameter.
+        The effective maps start the same whatever `map_scale` (the stored values are divided by it)."""
+        scale = self.latent_scale
         if identity:
             eye = torch.eye(self.latent_size, self.dims.hidden_dim)
             if self.prior is not None:
                 init.zeros_(self.prior.weight)
             for (_, count), linear in zip(self.groups, self.latents):
-                init.normal_(linear.weight, 0.0, IDENTITY_INIT_STD)
+                init.normal_(linear.weight, 0.0, IDENTITY_INIT_STD / scale)
                 with torch.no_grad():
                     linear.weight.add_(eye.repeat(count, 1).to(linear.weight))
                 init.zeros_(linear.bias)
             return
         bound = self.dims.hidden_dim**-0.5
-        linears = ([self.prior] if self.prior is not None else []) + list(self.latents)
-        for tensor in [p for linear in linears for p in linear.parameters()]:
-            init.uniform_(tensor, -bound, bound)
+        if self.prior is not None:
+            init.uniform_(self.prior.weight, -bound, bound)
+        for tensor in [p for linear in self.latents for p in linear.parameters()]:
+            init.uniform_(tensor, -bound / scale, bound / scale)
+
+    @torch.no_grad()
+    def set_latent_map(self, group: int, weight: torch.Tensor) -> None:
+        """Store group `group`'s latent weights so that its effective maps are `weight`
+        (`(count * d, d_h)`, a conversion), whatever `map_scale`."""
+        linear, count = self.latents[group], self.groups[group][1]
+        eye = torch.eye(self.latent_size, self.dims.hidden_dim, dtype=weight.dtype, device=weight.device)
+        linear.weight.copy_((weight - self.latent_base * eye.repeat(count, 1)) / self.latent_scale)
+
+    def latent_map_outputs(self, linear: nn.Linear, x: torch.Tensor, count: int) -> torch.Tensor:
+        """`(1 - s) I x + s (A x + c)` for `count` components, `(..., count, d)`."""
+        k = linear(x).unflatten(-1, (count, self.latent_size))
+        if self.latent_scale == 1.0:
+            return k
+        k = k * self.latent_scale
+        if self.latent_base:
+            d = self.latent_size
+            identity = x[..., :d] if d <= x.shape[-1] else F.pad(x, (0, d - x.shape[-1]))
+            k = k + self.latent_base * identity.unsqueeze(-2)
+        return k
 
     def log_prior(self, hidden: torch.Tensor) -> torch.Tensor:
         """`log pi`, `(..., J)` fp32 (`(..., 1)` zeros without a prior)."""
@@ -120,7 +165,7 @@ class PriorAndLatents:
     def latent_states(self, inputs: HeadInputs) -> torch.Tensor:
         """`k` of every component, `(..., J, d)`, activation and dropout applied."""
         parts = [
-            linear(self.layer_state(inputs, layer)).unflatten(-1, (count, self.latent_size))
+            self.latent_map_outputs(linear, self.layer_state(inputs, layer), count)
             for (layer, count), linear in zip(self.groups, self.latents)
         ]
         k = torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
@@ -214,6 +259,11 @@ class MixtureHead(PriorAndLatents, OutputHead):
     def aux_loss(self, log_prior: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         return None
 
+    def forward_flops(self, num_positions: int) -> int:
+        """Per position: the J latents and the prior from `d_h`, and J scores over `|V|`."""
+        J, d, d_h, V = self.num_components, self.latent_size, self.dims.hidden_dim, self.dims.vocab_size
+        return num_positions * (2 * d_h * J * d + 2 * d_h * J + 2 * J * d * V)
+
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
         """Without labels (generation, scoring): `logits` = log p. With labels in training mode:
         the exact loss only, `logits=None`, unless `inputs.return_logits` is True (model
@@ -264,11 +314,9 @@ class MixtureHead(PriorAndLatents, OutputHead):
         latent_map = latent_map * self.conversion_scale
         if self.weight is not None:
             self.weight.div_(self.conversion_scale)
-        for (layer, count), linear in zip(self.groups, self.latents):
+        for group, ((layer, count), linear) in enumerate(zip(self.groups, self.latents)):
             linear.bias.zero_()
-            if layer == self.dims.num_layers:
-                linear.weight.copy_(latent_map.repeat(count, 1))
-            else:
-                linear.weight.zero_()
-                exact = False
+            top = layer == self.dims.num_layers
+            self.set_latent_map(group, latent_map.repeat(count, 1) if top else torch.zeros_like(linear.weight))
+            exact = exact and top
         return exact

@@ -20,6 +20,7 @@ HEAD_PAPERS = {
     "mos": ("1711.03953",),  # Yang et al. 2018
     "doc": ("1808.10143",),  # Takase, Suzuki & Nagata 2018
     "lightrnn": ("1809.09296", "1610.09893"),  # Kong et al. 2019 (Efficient MoS); Li et al. 2016
+    "sigsoftmax": ("1805.10829",),  # Kanai et al. 2018
 }
 
 

@@ -162,6 +162,14 @@ class HeadOptions:
     # head (`from_backbone`, `for_conversion`), where the two differ by measurement
     scratch_defaults: ClassVar[dict[str, Any]] = {}
     conversion_defaults: ClassVar[dict[str, Any]] = {}
+    # values of fields that a config saved before the field existed lacks: the behaviour of the
+    # version that saved it (`for_saved`, applied when a config.json is loaded)
+    saved_defaults: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def for_saved(cls, options: dict[str, Any] | None) -> dict[str, Any]:
+        """Saved `options` (a config.json's `head_options`) with `saved_defaults` for the fields it lacks."""
+        return {**cls.saved_defaults, **dict(options or {})}
 
     @classmethod
     def for_conversion(cls, options: dict[str, Any] | None) -> dict[str, Any]:

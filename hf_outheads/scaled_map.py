@@ -5,8 +5,7 @@ Adam-type optimisers move each entry of a parameter by about the learning rate p
 whatever its gradient's size. A `d x d` map between the backbone's final state and `E` then
 changes the scores of every word at once, much faster than the rows of `E` move; learned at
 the backbone's rate, it made `bilinear` and `joint` train to worse models than `tied`, and at
-a rate 100 times lower it did not (training/results/ablations_stdlib_lm.md). With
-`W = base I + scale A`, a step of `A` moves `W` `scale` times as far, under any such optimiser
+a rate 100 times lower it did not. With `W = base I + scale A`, a step of `A` moves `W` `scale` times as far, under any such optimiser
 and with no per-parameter-group setup; weight decay on `A` pulls `W` towards `base I`.
 `scale = 1, base = 0` is the plain parameterisation. `MapOptions` declares the two options
 of the heads built on it (`bilinear`, `joint`): `init` and `map_scale`.
@@ -29,14 +28,14 @@ from torch import nn
 from transformers import initialization as init
 
 from .options import choice, number
-from .softmax import SoftmaxOptions
+from .softmax import EncodedLabelsOptions
 
 INITS = ("identity", "uniform")
 REFERENCE_BOUND = 0.1  # the reference codes' init: every parameter uniform(-0.1, 0.1)
 
 
 @dataclass
-class MapOptions(SoftmaxOptions):
+class MapOptions(EncodedLabelsOptions):
     """init: "identity" (the maps start at a (semi-)identity: the head starts as `tied`) or
     "uniform" (the reference codes); map_scale: how far a step of the stored parameter moves a
     map (1: the plain form; the paper form is `init: uniform, map_scale: 1`); None: 0.01 from
@@ -45,8 +44,8 @@ class MapOptions(SoftmaxOptions):
 
     init: str = choice("identity", INITS)
     map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
-    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # training/results/ablations_stdlib_lm.md
-    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}  # training/results/ablations_finetune.md
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured (the repository's ablations)
+    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}  # measured (the repository's ablations)
 
 
 class ScaledMap(nn.Module):

@@ -22,7 +22,6 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-
 from torch import nn
 from transformers import initialization as init
 
@@ -32,6 +31,7 @@ from .options import HeadOptions, choice, flag, number
 from .sampled_softmax import sampled_nll_sum
 
 TRAINING_LOSSES = ("full", "chunked", "sampled")
+LABEL_SOURCES = ("embeddings", "own")
 PROPOSALS = ("uniform", "unigram")
 
 
@@ -50,6 +50,16 @@ class SoftmaxOptions(HeadOptions):
     sampled_fraction: float = number(0.25, 0.0, 1.0, open_low=True)
     sampled_proposal: str = choice("uniform", PROPOSALS)
     output_bias: bool = flag(True)
+
+
+@dataclass
+class EncodedLabelsOptions(SoftmaxOptions):
+    """Options of the heads that encode a label matrix (`bilinear`, `joint`, `drill`). labels:
+    "embeddings" (the backbone's input embeddings E, as the papers) or "own" (a `|V| x d` matrix
+    of the head's own: N(0, 0.02^2) from scratch, the original head's matrix when converted), so
+    that the head's structure comes on top of an untied output matrix instead of replacing it."""
+
+    labels: str = choice("embeddings", LABEL_SOURCES)
 
 
 def _same_values(kept: tuple, tensors: tuple) -> bool:
@@ -74,12 +84,57 @@ class SoftmaxHead(OutputHead):
         self._label_cache: tuple | None = None  # (copies of the inputs, their key, label matrix)
         self._generating = self._checked = False
         self._log_unigram: torch.Tensor | None = None
+        own = getattr(self.options, "labels", "embeddings") == "own"
+        self.own_labels = nn.Parameter(torch.empty(dims.vocab_size, dims.embed_dim)) if own else None
+
+    def reset_label_source(self) -> None:
+        """Own labels (`labels="own"`): N(0, 0.02^2), as an untied head's matrix. Heads with
+        `EncodedLabelsOptions` call it last in `reset_parameters` (the other parameters draw
+        the same values either way)."""
+        if self.own_labels is not None:
+            init.normal_(self.own_labels, 0.0, 0.02)
+
+    @property
+    def reads_embeddings(self) -> bool:
+        """Whether the scores read E (`TiedToEmbeddings`): not with own labels."""
+        return self.own_labels is None
+
+    def label_source(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """What `label_matrix` encodes: the own labels, or E."""
+        return embeddings if self.own_labels is None else self.own_labels
+
+    @torch.no_grad()
+    def conversion_labels(self, weight: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """Own labels start as the original head's matrix (E where its shape differs), and the
+        head's `init_from_lm_head` then fits its encoder to them."""
+        if self.own_labels is None:
+            return embeddings
+        self.own_labels.copy_(weight if weight.shape == self.own_labels.shape else embeddings)
+        return self.own_labels.detach()
 
     def label_matrix(self, embeddings: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def context(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden
+
+    def label_flops(self) -> int:
+        """FLOPs of `label_matrix` (once per forward); 0 for a stored matrix."""
+        return 0
+
+    def context_flops(self) -> int:
+        """FLOPs of `context` per position; 0 for the identity."""
+        return 0
+
+    def score_width(self) -> int:
+        """Width of the label matrix (and of the context)."""
+        return self.dims.embed_dim
+
+    def forward_flops(self, num_positions: int) -> int:
+        """Label matrix once, then `num_positions` contexts and `|V|` scores each (the full
+        softmax; a `sampled` training loss scores fewer words, not counted here)."""
+        per_position = self.context_flops() + 2 * self.score_width() * self.dims.vocab_size
+        return self.label_flops() + num_positions * per_position
 
     def context_map(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """`(A, c)` with `context(h) = A h + c` (None: the identity, no offset); a ValueError
@@ -114,7 +169,7 @@ class SoftmaxHead(OutputHead):
         was_training = self.training
         self.eval()
         try:
-            label = self.label_matrix(embeddings).detach()
+            label = self.label_matrix(self.label_source(embeddings)).detach()
         finally:
             self.train(was_training)
         A, c = self.context_map()
@@ -171,7 +226,7 @@ class SoftmaxHead(OutputHead):
         return sampled_nll_sum(context, weight, self.bias, labels, self.options.sampled_fraction, log_q)
 
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
-        weight = self.current_label_matrix(inputs.embeddings)
+        weight = self.current_label_matrix(self.label_source(inputs.embeddings))
         context = self.context(inputs.hidden)
         mode = self.options.training_loss if self.training else "full"
         if inputs.return_logits is not None:

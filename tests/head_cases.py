@@ -11,5 +11,6 @@ HEAD_CASES = {
     "mos": {"num_components": 3, "latent_dropout": 0.1},
     "doc": {"components": [[-1, 2], [1, 1], [0, 1]], "latent_dropout": 0.1},
     # 8 exclusive codes + an 8 x 16 table for 99 words: 37 empty cells, two empty rows
+    "sigsoftmax": {},
     "lightrnn": {"num_components": 2, "num_exclusive": 8, "num_rows": 8, "num_columns": 16, "latent_dropout": 0.1},
 }

@@ -40,8 +40,10 @@ def test_mixtures_start_from_identity_latents_a_uniform_prior_and_their_own_outp
     head = scratch(head_type, **options).head
     assert head.options.tied is False and head.options.latent_activation == "identity"
     assert torch.count_nonzero(head.prior.weight) == 0
+    assert head.options.map_scale == 0.01  # the latent maps learn 100x slower than the backbone
     for (_, count), linear in zip(head.groups, head.latents):
-        offset = linear.weight - torch.eye(32).repeat(count, 1)
+        maps = head.latent_base * torch.eye(32).repeat(count, 1) + head.latent_scale * linear.weight  # effective
+        offset = maps - torch.eye(32).repeat(count, 1)
         assert 0.01 < offset.std() < 0.03 and offset.abs().max() < 0.2  # I + N(0, 0.02^2)
         assert torch.count_nonzero(linear.bias) == 0
     assert 0.015 < head.weight.std() < 0.025
@@ -52,7 +54,8 @@ def test_mixtures_start_from_identity_latents_a_uniform_prior_and_their_own_outp
 
 
 def test_mixture_paper_form_keeps_the_reference_init():
-    head = scratch("mos", num_components=3, tied=True, latent_activation="tanh", latent_init="uniform").head
+    head = scratch("mos", num_components=3, tied=True, latent_activation="tanh", latent_init="uniform",
+                   map_scale=1.0).head
     bound = 32**-0.5
     assert head.weight is None and torch.count_nonzero(head.prior.weight) > 0
     assert head.latents[0].weight.abs().max() <= bound and (head.latents[0].weight - torch.eye(32).repeat(3, 1)).abs().max() > 0.5

@@ -115,7 +115,8 @@ def test_model_loss_adds_the_regulariser():
 
 def test_one_locked_mask_shared_by_all_components_and_time_steps():
     dims = HeadDims(vocab_size=11, embed_dim=6, hidden_dim=6, num_layers=2)
-    head = DOCHead(DOCOptions(components=[[-1, 2], [1, 2], [0, 1]], latent_dropout=0.5, latent_activation="tanh"), dims)
+    head = DOCHead(DOCOptions(components=[[-1, 2], [1, 2], [0, 1]], latent_dropout=0.5, latent_activation="tanh",
+                                map_scale=1.0), dims)
     head.reset_parameters()
     with torch.no_grad():
         for linear in head.latents:

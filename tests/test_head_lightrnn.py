@@ -281,3 +281,18 @@ def test_training_loss_never_builds_a_tensor_per_position_and_word():
         out.nll_sum.backward()
     assert out.logits is None and torch.isfinite(out.nll_sum)
     assert Largest.largest <= 2 * V < n * V
+
+
+def test_latent_init_is_obeyed():
+    """`latent_init` was ignored (the maps always took torch's Linear init): "identity" now starts
+    them at `I + N(0, 0.02^2)` as `mos`'s; the default stays the measured Linear init."""
+    from tiny import tiny_model
+
+    options = {"num_components": 2, "num_exclusive": 8, "num_rows": 8, "num_columns": 16}
+    uniform = tiny_model("gpt2", "lightrnn", options).head
+    identity = tiny_model("gpt2", "lightrnn", {**options, "latent_init": "identity"}).head
+    assert uniform.options.latent_init == "uniform"
+    eye = torch.eye(32).repeat(2, 1)
+    offset = identity.latents[0].weight - eye
+    assert offset.std() < 0.03 and offset.abs().max() < 0.2 and torch.count_nonzero(identity.prior.weight) == 0
+    assert (uniform.latents[0].weight - eye).abs().max() > 0.5

@@ -80,7 +80,7 @@ def test_exact_training_loss_equals_loss_of_the_logits():
 def make_head(kind="locked", rate=0.5, components=4, d=6):
     dims = HeadDims(vocab_size=11, embed_dim=d, hidden_dim=d, num_layers=2)
     head = MoSHead(MoSOptions(num_components=components, latent_dropout=rate, dropout_kind=kind,
-                              latent_activation="tanh"), dims)
+                              latent_activation="tanh", map_scale=1.0), dims)  # stored latent weights = maps
     head.reset_parameters()
     with torch.no_grad():  # constant latents tanh(1): what latent_states returns is the dropout mask
         head.latents[0].weight.zero_()
@@ -137,7 +137,8 @@ def test_untied_latent_dim_and_saved_defaults():
     assert model.head.weight.shape == (99, 16) and model.head.latents[0].weight.shape == (3 * 16, 32)
     defaults = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos").head_options
     assert defaults == {"latent_dim": None, "tied": False, "latent_activation": "identity", "latent_dropout": 0.0,
-                        "dropout_kind": "locked", "latent_init": "identity", "num_components": 15}
+                        "dropout_kind": "locked", "latent_init": "identity", "map_scale": 0.01,
+                        "num_components": 15}
 
 
 def convert(name, **options):
@@ -197,3 +198,53 @@ def test_converted_components_diverge_after_one_step():
     optimizer.step()
     rows = model.head.latents[0].weight.detach().view(3, 32, 32)
     assert not torch.allclose(rows[0], rows[1])
+
+
+# ----- map_scale: latent maps stored as (1 - s) I + s A -----
+def latent_maps(head) -> torch.Tensor:
+    """The effective latent maps `(J * d, d_h)` of a one-group head."""
+    eye = torch.eye(head.latent_size, head.dims.hidden_dim).repeat(head.num_components, 1)
+    return head.latent_base * eye + head.latent_scale * head.latents[0].weight
+
+
+@pytest.mark.parametrize("latent_init", ["identity", "uniform"])
+def test_map_scale_starts_the_same_function(latent_init):
+    ids = batch("gpt2")["input_ids"]
+    models = [tiny_model("gpt2", "mos", {**OPTIONS, "latent_init": latent_init, "map_scale": s}) for s in (1.0, 0.1)]
+    assert torch.allclose(latent_maps(models[0].head), latent_maps(models[1].head), atol=1e-6)
+    with torch.no_grad():
+        assert torch.allclose(models[0](input_ids=ids).logits, models[1](input_ids=ids).logits, atol=1e-5)
+
+
+def test_an_adam_step_moves_the_latent_maps_map_scale_times_as_far():
+    ids = batch("gpt2")["input_ids"]
+    moved = []
+    for scale in (1.0, 0.1):
+        model = tiny_model("gpt2", "mos", {**OPTIONS, "map_scale": scale}).train()
+        before = latent_maps(model.head).detach().clone()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        moved.append((latent_maps(model.head).detach() - before).norm().item())
+    assert moved[1] / moved[0] == pytest.approx(0.1, rel=0.05)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bart"])
+def test_conversion_is_exact_at_any_map_scale(name):
+    _, model, exact, error = convert(name, map_scale=0.1)
+    assert model.head.latent_scale == 0.1 and exact and error < 1e-4
+
+
+def test_a_config_saved_before_map_scale_loads_with_plain_maps(tmp_path):
+    import json
+
+    model = tiny_model("gpt2", "mos", {**OPTIONS, "map_scale": 1.0})
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["head_options"]["map_scale"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = OutHeadsForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.head_options["map_scale"] == 1.0
+    ids = batch("gpt2")["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6)

@@ -17,32 +17,57 @@ from training.options import parse_options
 from training.study_plots import plot_curves
 
 
-def fake_run(name, seed, ppl, curve):
+def fake_run(name, seed, ppl, curve, flops_per_step=1e12, bands=None):
     return {"name": name, "head": name.split("-")[0], "head_options": {}, "seed": seed, "eval_perplexity": ppl,
             "parameters": 100, "head_parameters": 10, "train_step_time_s": 0.1 * (2 if name != "tied" else 1),
-            "curve": [{"step": s, "train_seconds": s * 0.1, "eval_perplexity": p} for s, p in curve]}
+            "train_flops": flops_per_step * curve[-1][0],
+            **({"eval_bands": {b: {"perplexity": v} for b, v in bands.items()}} if bands else {}),
+            "curve": [{"step": s, "train_seconds": s * 0.1, "train_flops": s * flops_per_step, "eval_perplexity": p}
+                      for s, p in curve]}
 
 
-RUNS = [fake_run("tied", 1, 49.0, [(10, 80.0), (20, 49.0)]), fake_run("tied", 2, 51.0, [(10, 82.0), (20, 51.0)]),
-        fake_run("mos", 1, 44.0, [(10, 70.0), (20, 44.0)]), fake_run("mos", 2, 46.0, [(10, 72.0), (20, 46.0)]),
+BANDS = {"rare": 400.0, "medium": 100.0, "frequent": 20.0}
+RUNS = [fake_run("tied", 1, 49.0, [(10, 80.0), (20, 49.0)], bands=BANDS),
+        fake_run("tied", 2, 51.0, [(10, 82.0), (20, 51.0)], bands=BANDS),
+        fake_run("linear", 1, 47.0, [(10, 75.0), (20, 47.0)], bands=BANDS),
+        fake_run("linear", 2, 45.0, [(10, 73.0), (20, 45.0)], bands=BANDS),
+        # twice the FLOPs per step: at linear's budget (20 steps' worth) it is at its step 10
+        fake_run("mos", 1, 44.0, [(10, 70.0), (20, 44.0)], 2e12, bands={**BANDS, "rare": 300.0}),
+        fake_run("mos", 2, 46.0, [(10, 72.0), (20, 46.0)], 2e12, bands={**BANDS, "rare": 300.0}),
         {"name": "bad", "seed": 1, "error": "ValueError: x"}]
 
 
-def test_summary_gives_mean_and_std_over_seeds_and_the_change_against_the_baseline():
-    rows = {row["name"]: row for row in compare_heads.summarise(RUNS, "tied")}
+def test_summary_compares_every_head_with_the_best_plain_head_paired_by_seed_and_at_equal_flops():
+    rows, best = compare_heads.summarise(RUNS)
+    rows = {row["name"]: row for row in rows}
+    assert best == "linear"  # 46 against tied's 50
     assert rows["tied"]["eval_perplexity"] == pytest.approx((50.0, 2**0.5))
-    assert rows["mos"]["eval_perplexity_vs_tied"] == pytest.approx(45.0 / 50.0 - 1)
-    table = compare_heads.markdown_table(list(rows.values()), "tied")
-    assert "| mos | mos | 2 | 45.00 ± 1.41 | -10.0% | 100 | 10 | 0.200 | 2.00x |" in table
+    assert rows["mos"]["eval_perplexity_vs_best_plain"] == pytest.approx(45.0 / 46.0 - 1)
+    assert rows["mos"]["seeds_better"] == [1, 2]  # 44 < 47 at seed 1, 46 > 45 at seed 2
+    assert rows["mos"]["equal_flops"]["budget"] == pytest.approx(20e12)
+    assert rows["mos"]["equal_flops"]["value"] == pytest.approx(71.0)  # its step-10 evaluations
+    assert rows["mos"]["equal_flops"]["vs_best_plain"] == pytest.approx(71.0 / 46.0 - 1)
+    assert rows["mos"]["bands_vs_best_plain"]["rare"] == pytest.approx(-0.25)
+    table = compare_heads.markdown_table(list(rows.values()), best)
+    assert "| mos | mos | 2 | 45.00 ± 1.41 | -2.2% | 1/2 | 71.00 | +54.3% | 300.0 (-25.0%) |" in table
     assert "| bad | failed: ValueError: x |" in table
     curves = compare_heads.curve_table(RUNS)
-    assert "| step | tied | mos |" in curves and "| 10 | 81.00 | 71.00 |" in curves
+    assert "| step | tied | linear | mos |" in curves and "| 10 | 81.00 | 74.00 | 71.00 |" in curves
 
 
-def test_plots_against_steps_and_training_seconds(tmp_path):
+def test_interpolation_between_evaluations_is_log_linear_in_perplexity():
+    from training.comparison_tables import at_flops
+
+    run = fake_run("mos", 1, 25.0, [(10, 100.0), (20, 25.0)])
+    assert at_flops(run, "eval_perplexity", 15e12) == pytest.approx(50.0)
+    assert at_flops(run, "eval_perplexity", 30e12) is None
+
+
+def test_plots_against_steps_training_seconds_and_flops(tmp_path):
     pytest.importorskip("matplotlib")
     written = plot_curves(RUNS, tmp_path)
-    assert [p.name for p in written] == ["curves.png", "walltime.png"] and all(p.stat().st_size > 1000 for p in written)
+    assert [p.name for p in written] == ["curves.png", "walltime.png", "flops.png"]
+    assert all(p.stat().st_size > 1000 for p in written)
 
 
 def test_variants_need_a_registered_head_type(tmp_path):
@@ -151,3 +176,15 @@ def test_manpages_dataset_from_cached_packages_splits_by_page(tmp_path):
     assert 0 < len(data["validation"]) < len(data["train"])
     assert "The call3() system call" in next(t for split in data.values() for t in split["text"]
                                             if t.startswith("call3(2)"))
+
+
+def test_regime_table_puts_each_comparison_beside_the_others(tmp_path):
+    from training.regimes import regime_table
+
+    rows, best = compare_heads.summarise(RUNS)
+    for name in ("scratch", "finetune"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"best_plain": best, "rows": rows}))
+    table = regime_table([tmp_path / "scratch", tmp_path / "finetune"])
+    assert "scratch: vs linear, equal steps (seeds better)" in table
+    assert "| mos | -2.2% (1/2) | +54.3% | -25.0% | -2.2% (1/2) | +54.3% | -25.0% |" in table

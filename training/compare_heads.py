@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -31,12 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` impor
 
 import yaml
 
+from training.comparison_tables import METRICS, curve_table, main_metric, markdown_table, summarise
 from training.options import parse_options
 from training.tracking import RESULTS_FILE, read_metrics
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent / "train.py"
-METRICS = [("eval_perplexity", "val. perplexity"), ("eval_sacrebleu", "BLEU"), ("eval_chrf", "chrF")]
-HIGHER_IS_BETTER = {"eval_sacrebleu", "eval_chrf"}
 
 
 def add_flags(parser):
@@ -92,73 +90,30 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
             tail = (run_dir / "train.log").read_text().strip().splitlines()[-5:]
             print(f"=== {name} seed {seed} failed:\n" + "\n".join(tail), flush=True)
             return {"name": name, "seed": seed, "error": tail[-1] if tail else f"exit code {done.returncode}"}
-    curve = [{k: r[k] for k in ("step", "train_seconds", *dict(METRICS)) if k in r}
+    curve = [{k: r[k] for k in ("step", "train_seconds", "train_flops", *dict(METRICS)) if k in r}
              for r in read_metrics(run_dir) if any(m in r for m in dict(METRICS))]
-    return {"name": name, "head": spec[0], "head_options": spec[1], "seed": seed,
-            **json.loads(results_path.read_text()), "curve": curve}
+    run = {"name": name, "head": spec[0], "head_options": spec[1], "seed": seed,
+           **json.loads(results_path.read_text()), "curve": curve}
+    return fill_flops(run, run_dir, options)
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+def fill_flops(run: dict, run_dir: Path, options) -> dict:
+    """A run trained before FLOPs were logged: its per-step FLOPs from its saved model config
+    (built on the meta device), and `train_flops` at every evaluation of its curve."""
+    if "error" in run or "train_flops_per_step" in run or not (run_dir / "config.json").exists():
+        return run
+    import torch
+    from transformers import AutoConfig
 
+    from training.modeling import model_class, step_flops
 
-def summarise(runs: list[dict], baseline: str) -> list[dict]:
-    """One row per name: mean and std over seeds of every metric, sizes and step time."""
-    rows = []
-    for name in dict.fromkeys(r["name"] for r in runs):
-        done = [r for r in runs if r["name"] == name and "error" not in r]
-        row = {"name": name, "seeds": [r["seed"] for r in done],
-               "errors": [r["error"] for r in runs if r["name"] == name and "error" in r]}
-        if done:
-            row.update(head=done[0]["head"], head_options=done[0]["head_options"],
-                       parameters=done[0]["parameters"], head_parameters=done[0]["head_parameters"],
-                       train_step_time_s=mean_std([r["train_step_time_s"] for r in done])[0])
-            for key, _ in METRICS:
-                if all(key in r for r in done):
-                    row[key] = mean_std([r[key] for r in done])
-        rows.append(row)
-    base = next((row for row in rows if row["name"] == baseline and "parameters" in row), None)
-    for row in rows:
-        for key, _ in METRICS:
-            if base and key in row and key in base:
-                row[f"{key}_vs_{baseline}"] = row[key][0] / base[key][0] - 1.0
-    return rows
-
-
-def markdown_table(rows: list[dict], baseline: str) -> str:
-    metrics = [(key, title) for key, title in METRICS if any(key in row for row in rows)]
-    base = next((row for row in rows if row["name"] == baseline and "train_step_time_s" in row), None)
-    header = ["run", "head", "seeds", *[f"{title} (mean ± std)" for _, title in metrics],
-              *[f"{title} vs {baseline}" for _, title in metrics], "parameters", "head parameters", "step time (s)"]
-    header += [f"step time vs {baseline}"] if base else []
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        if "parameters" not in row:
-            lines.append(f"| {row['name']} | failed: {'; '.join(row['errors'])} |")
-            continue
-        cells = [row["name"], row["head"], str(len(row["seeds"]))]
-        cells += [f"{row[k][0]:.2f} ± {row[k][1]:.2f}" if k in row else "" for k, _ in metrics]
-        cells += [f"{100 * row[f'{k}_vs_{baseline}']:+.1f}%" if f"{k}_vs_{baseline}" in row else "" for k, _ in metrics]
-        cells += [f"{row['parameters']:,}", f"{row['head_parameters']:,}", f"{row['train_step_time_s']:.3f}"]
-        if base:
-            cells.append(f"{row['train_step_time_s'] / base['train_step_time_s']:.2f}x")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def curve_table(runs: list[dict], key: str = "eval_perplexity") -> str:
-    """Mean over seeds of `key` at every evaluation step, one column per run name."""
-    names = list(dict.fromkeys(r["name"] for r in runs if "curve" in r))
-    points: dict[int, dict[str, list[float]]] = {}
-    for run in (r for r in runs if "curve" in r):
-        for point in run["curve"]:
-            if key in point:
-                points.setdefault(point["step"], {}).setdefault(run["name"], []).append(point[key])
-    lines = ["| step | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
-    for step in sorted(points):
-        cells = [f"{statistics.fmean(points[step][n]):.2f}" if n in points[step] else "" for n in names]
-        lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    with torch.device("meta"):
+        model = model_class(options.task)(AutoConfig.from_pretrained(run_dir))
+    per_step = step_flops(model, options, 1)
+    run["train_flops_per_step"], run["train_flops"] = per_step, per_step * run["curve"][-1]["step"]
+    for point in run["curve"]:
+        point["train_flops"] = per_step * point["step"]
+    return run
 
 
 def main(argv=None):
@@ -174,14 +129,15 @@ def main(argv=None):
     with ThreadPoolExecutor(jobs) as pool:
         runs = list(pool.map(lambda job: run_one(options, job[0], specs[job[0]], job[1], extra["launch_args"], threads),
                              [(name, seed) for name in names for seed in seeds]))
-    baseline = "tied" if "tied" in names else names[0]
-    rows = summarise(runs, baseline)
+    rows, best = summarise(runs)
     command = "python " + " ".join(shlex.quote(a) for a in (sys.argv if argv is None else [__file__, *argv]))
-    metric = "eval_perplexity" if any("eval_perplexity" in r for r in rows) else METRICS[1][0]
-    text = (f"Command: `{command}`\n\nSeeds: {seeds}. Differences against `{baseline}` are of the means.\n\n"
-            f"{markdown_table(rows, baseline)}\nMean {metric} at every evaluation:\n\n{curve_table(runs, metric)}")
+    metric = main_metric(rows)
+    text = (f"Command: `{command}`\n\nSeeds: {seeds}. Differences against the best plain head (`{best}`, the better "
+            f"of `tied` and `linear`) are of the means; \"better at seeds\" pairs each seed with its run.\n\n"
+            f"{markdown_table(rows, best)}\nMean {metric} at every evaluation:\n\n{curve_table(runs, metric)}")
     (output_dir / "results.md").write_text(text)
-    (output_dir / "results.json").write_text(json.dumps({"command": command, "seeds": seeds, "rows": rows,
+    (output_dir / "results.json").write_text(json.dumps({"command": command, "seeds": seeds, "best_plain": best,
+                                                          "rows": rows,
                                                           "runs": runs}, indent=1) + "\n")
     if not extra["no_plot"]:
         from training.study_plots import plot_curves

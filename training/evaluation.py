@@ -34,8 +34,8 @@ def load_metric(name: str):
     return evaluate.load(str(METRICS_DIR / name))
 
 
-def example_nll(accelerator, model, batch, task: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed NLL, number of scored tokens) per example of the batch."""
+def token_nll(accelerator, model, batch, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(NLL of every scored position, its label; -100 where nothing is scored), `(B, T)` each."""
     labels = batch["labels"]
     if task == "causal_lm":
         logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[:, :-1]
@@ -44,25 +44,32 @@ def example_nll(accelerator, model, batch, task: str) -> tuple[torch.Tensor, tor
         decoder_input_ids = accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(labels)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        decoder_input_ids=decoder_input_ids).logits
-    nll = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
-    return nll.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1)
+    return F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none"), labels
 
 
 @torch.no_grad()
-def evaluate_perplexity(accelerator, model, dataloader, task: str) -> dict:
+def evaluate_perplexity(accelerator, model, dataloader, task: str, bands=None) -> dict:
+    """Perplexity; with `bands` (an `hf_outheads.FrequencyBands`) also per frequency band, as `eval_bands`."""
     model.eval()
     nll_sum, tokens, examples = 0.0, 0, 0
     for batch in dataloader:
-        nll, count = accelerator.gather_for_metrics(example_nll(accelerator, model, batch, task))
-        nll_sum += nll.double().sum().item()
-        tokens += int(count.sum())
-        examples += len(count)
+        nll, labels = token_nll(accelerator, model, batch, task)
+        per_example = (nll.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1))
+        if bands is not None:  # per example, so that gather_for_metrics drops the repeated ones
+            per_example += tuple(torch.stack(parts) for parts in zip(*(bands.sums(n, l) for n, l in zip(nll, labels))))
+        gathered = accelerator.gather_for_metrics(per_example)
+        nll_sum += gathered[0].double().sum().item()
+        tokens += int(gathered[1].sum())
+        examples += len(gathered[1])
+        if bands is not None:
+            bands.add(gathered[2], gathered[3])
     model.train()
     if tokens == 0:
         raise ValueError(f"The evaluation covered {examples} examples but 0 label tokens, so it has no perplexity: "
                          "check the validation split, block_size (>= 2) and max_target_length.")
     loss = nll_sum / tokens
-    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": tokens, "eval_examples": examples}
+    results = {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": tokens, "eval_examples": examples}
+    return results if bands is None else {**results, "eval_bands": bands.results()}
 
 
 @torch.no_grad()

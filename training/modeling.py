@@ -6,6 +6,7 @@ from __future__ import annotations
 from transformers import AutoConfig
 
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from hf_outheads.flops import training_flops_per_step
 
 # name -> (model_type, config fields). Vocabulary size and special ids come from the tokenizer.
 PRESETS = {
@@ -89,3 +90,12 @@ def position_limit(model) -> int | None:
     the tokenizer's `model_max_length`."""
     value = getattr(model.config.text_config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def step_flops(model, options, processes: int) -> int:
+    """Analytic FLOPs of one optimizer step (`hf_outheads.flops`); seq2seq at the length limits."""
+    sequences = options.per_device_train_batch_size * options.gradient_accumulation_steps * processes
+    if options.task == "causal_lm":
+        return training_flops_per_step(model, sequences * options.block_size, options.block_size)
+    return training_flops_per_step(model, sequences * options.max_target_length, options.max_target_length,
+                                   sequences * options.max_source_length, options.max_source_length)

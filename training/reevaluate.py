@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` impor
 import yaml
 
 from training import train
-from training.compare_heads import markdown_table, summarise
+from training.comparison_tables import markdown_table, summarise
 from training.tracking import RESULTS_FILE
 
 EVALUATED = ("eval_loss", "eval_perplexity", "eval_sacrebleu", "eval_chrf", "eval_generated")
@@ -58,10 +58,9 @@ def main(argv=None):
         runs.append({"name": run_dir.parent.name, "head": config["head_type"], "head_options": config["head_options"],
                      "seed": config["seed"], **results})
         print(json.dumps({"run": str(run_dir), **{k: results[k] for k in EVALUATED if k in results}}), flush=True)
-    names = [r["name"] for r in runs]
-    baseline = "tied" if "tied" in names else names[0]
-    print(f"\n{' '.join(overrides)}; differences against `{baseline}` are of the means.\n")
-    print(markdown_table(summarise(runs, baseline), baseline))
+    rows, best = summarise(runs)
+    print(f"\n{' '.join(overrides)}; differences against the best plain head (`{best}`) are of the means.\n")
+    print(markdown_table(rows, best))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Plots of a head comparison (`compare_heads.py`): a metric per evaluation against optimizer
-steps and against cumulated training seconds, mean over seeds with the seeds' range shaded."""
+steps, cumulated training seconds and training FLOPs, mean over seeds with the seeds' range shaded."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def _series(runs: list[dict], name: str, metric: str, x_key: str) -> tuple[list,
 
 
 def plot_curves(runs: list[dict], output_dir: Path, metric: str = "eval_perplexity") -> list[Path]:
-    """`curves.png` (against steps) and `walltime.png` (against training seconds); [] without matplotlib."""
+    """`curves.png` (against steps), `walltime.png` (against training seconds) and `flops.png`
+    (against training FLOPs, when the runs logged them); [] without matplotlib."""
     try:
         import matplotlib
 
@@ -34,7 +35,11 @@ def plot_curves(runs: list[dict], output_dir: Path, metric: str = "eval_perplexi
     names = list(dict.fromkeys(r["name"] for r in runs if "curve" in r))
     written = []
     for x_key, label, file in (("step", "optimizer step", "curves.png"),
-                               ("train_seconds", "training seconds (evaluation excluded)", "walltime.png")):
+                               ("train_seconds", "training seconds (evaluation excluded)", "walltime.png"),
+                               ("train_flops", "training FLOPs (analytic: backbone and head, forward and backward)",
+                                "flops.png")):
+        if not any(x_key in p for r in runs for p in r.get("curve", [])):
+            continue
         fig, axis = plt.subplots(figsize=(8, 4.5))
         for name in names:
             xs, mean, low, high = _series(runs, name, metric, x_key)

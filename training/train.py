@@ -24,12 +24,13 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, get_scheduler
 
 from hf_outheads import IGNORE_INDEX
+from hf_outheads.frequency_bands import FrequencyBands
 from training import data as data_lib
 from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from training.evaluation import evaluate_perplexity, generate_texts, generation_scores, sample_text
 from training.launching import check_process_count, force_cpu
 from training.loop import train_loop
-from training.modeling import build_model, parameter_counts, position_limit
+from training.modeling import build_model, parameter_counts, position_limit, step_flops
 from training.options import TrainOptions, parse_options
 from training.preflight import check_run
 from training.publish import finish_run
@@ -106,8 +107,8 @@ def total_steps(options, train_dl) -> int:
     return math.ceil(options.num_train_epochs * math.ceil(len(train_dl) / options.gradient_accumulation_steps))
 
 
-def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final: bool = False) -> dict:
-    results = evaluate_perplexity(accelerator, model, eval_dl, options.task)
+def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final: bool = False, bands=None) -> dict:
+    results = evaluate_perplexity(accelerator, model, eval_dl, options.task, bands)
     if gen_dl is not None:
         sources, predictions, references = generate_texts(accelerator, model, gen_dl, tokenizer, options)
         results["eval_generated"] = len(predictions)
@@ -169,6 +170,7 @@ class PreparedRun:
     validation_split: object
     n_validation: int | None
     counts: dict
+    word_counts: torch.Tensor  # training-set count of every word (frequency bands)
     max_steps: int
     progress: Progress
     log: MetricsLog
@@ -188,12 +190,14 @@ def prepare_run(options) -> PreparedRun:
         train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
     model = build_model(options, tokenizer)
     tokenizer.model_max_length = context_length(options, position_limit(model))  # saved with the model
-    model.head.set_word_counts(torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size)))
+    word_counts = torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size))
+    model.head.set_word_counts(word_counts)
     if tokenizer.pad_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if options.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     counts, optimizer = parameter_counts(model), make_optimizer(model, options)
+    counts["train_flops_per_step"] = step_flops(model, options, accelerator.num_processes)
     model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
     max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
     scheduler = accelerator.prepare(get_scheduler(  # accelerate steps it once per process
@@ -208,13 +212,14 @@ def prepare_run(options) -> PreparedRun:
                  "validation_examples": n_validation, "max_steps": max_steps}, 0)
     return PreparedRun(options=options, accelerator=accelerator, tokenizer=tokenizer, model=model, optimizer=optimizer,
                        scheduler=scheduler, train_dl=train_dl, eval_dl=eval_dl, gen_dl=gen_dl,
-                       validation_split=validation_split, n_validation=n_validation, counts=counts,
+                       validation_split=validation_split, n_validation=n_validation, counts=counts, word_counts=word_counts,
                        max_steps=max_steps, progress=progress, log=log)
 
 
 def final_results(run, step_times) -> dict:
     options, accelerator = run.options, run.accelerator
-    results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True)
+    results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True,
+                           bands=FrequencyBands(run.word_counts))
     results.update(run.counts, validation_examples=run.n_validation,
                    train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
     if options.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
@@ -245,7 +250,8 @@ def training_function(options) -> dict:
     accelerator = run.accelerator
 
     def evaluate():
-        return evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
+        return {**evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options),
+                "train_flops": run.progress.step * run.counts["train_flops_per_step"]}
 
     def save():
         save_checkpoint(accelerator, run.model, options.output_dir, vars(run.progress), options.save_total_limit)
@@ -259,6 +265,7 @@ def training_function(options) -> dict:
         accelerator.end_training()
         return {"interrupted": True, "step": run.progress.step}
     results = final_results(run, step_times)
+    results["train_flops"] = run.progress.step * run.counts["train_flops_per_step"]
     run.log.log({"event": "final", "train_seconds": sum(step_times),
                  **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt")}}, run.progress.step)
     accelerator.wait_for_everyone()

@@ -1,0 +1,18 @@
+"""The library without the training stack (`pip install .`, no extras): it imports, converts a
+model and generates, and none of the `train` extra's packages is installed."""
+import importlib.util
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import hf_outheads
+
+missing = [name for name in ("datasets", "accelerate", "evaluate", "sacrebleu") if importlib.util.find_spec(name)]
+assert not missing, f"installed without being asked for: {missing}"
+torch.manual_seed(0)
+original = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0))
+model = hf_outheads.OutHeadsForCausalLM.from_backbone(original, head_type="drill").eval()
+ids = torch.tensor([[1, 2, 3]])
+assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False),
+                   original.eval().generate(ids, max_new_tokens=5, do_sample=False))
+print("CI: the library alone (no extras) imports, converts and generates")

@@ -1,0 +1,146 @@
+"""Tables of a head comparison (`compare_heads.py`): every head against the best plain head,
+at equal steps and at equal training FLOPs, and by word-frequency band.
+
+- The baseline is the better of the plain heads (`tied`, `linear`) by its mean over seeds.
+  Seeds are paired (same backbone init and data order per seed), so each row also says at
+  how many seeds it beat that baseline's run of the same seed.
+- Equal FLOPs: every run's curve is interpolated (log metric, linear in FLOPs between two
+  evaluations) at the smallest training-FLOP budget any row reached, so a head that costs
+  more per step is compared where the cheapest run stopped.
+- Bands: perplexity of the validation tokens whose word occurs rarely / moderately / often in
+  the training set (`hf_outheads.frequency_bands`, the DRILL paper's analysis).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+METRICS = [("eval_perplexity", "val. perplexity"), ("eval_sacrebleu", "BLEU"), ("eval_chrf", "chrF")]
+HIGHER_IS_BETTER = {"eval_sacrebleu", "eval_chrf"}
+PLAIN_HEADS = ("tied", "linear")
+BANDS = ("rare", "medium", "frequent")
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def better(metric: str, a: float, b: float) -> bool:
+    return a > b if metric in HIGHER_IS_BETTER else a < b
+
+
+def at_flops(run: dict, metric: str, budget: float) -> float | None:
+    """`metric` of `run` at `budget` training FLOPs, interpolated between evaluations (log of the
+    metric for perplexity); None when the run's curve does not reach the budget."""
+    points = sorted((p["train_flops"], p[metric]) for p in run.get("curve", []) if "train_flops" in p and metric in p)
+    log = metric == "eval_perplexity"
+    for (f0, v0), (f1, v1) in zip(points, points[1:]):
+        if f0 <= budget <= f1:
+            t = (budget - f0) / (f1 - f0) if f1 > f0 else 1.0
+            if log:
+                return math.exp((1 - t) * math.log(v0) + t * math.log(v1))
+            return (1 - t) * v0 + t * v1
+    if points and math.isclose(points[-1][0], budget):
+        return points[-1][1]
+    return None
+
+
+def summarise(runs: list[dict]) -> tuple[list[dict], str | None]:
+    """One row per name (means over seeds), and the name of the best plain row."""
+    rows = []
+    for name in dict.fromkeys(r["name"] for r in runs):
+        done = [r for r in runs if r["name"] == name and "error" not in r]
+        row = {"name": name, "seeds": [r["seed"] for r in done],
+               "errors": [r["error"] for r in runs if r["name"] == name and "error" in r]}
+        if done:
+            row.update(head=done[0]["head"], head_options=done[0]["head_options"],
+                       parameters=done[0]["parameters"], head_parameters=done[0]["head_parameters"],
+                       train_step_time_s=mean_std([r["train_step_time_s"] for r in done])[0],
+                       per_seed={key: {r["seed"]: r[key] for r in done if key in r} for key, _ in METRICS})
+            for key, _ in METRICS:
+                if all(key in r for r in done):
+                    row[key] = mean_std([r[key] for r in done])
+            if all("train_flops" in r for r in done):
+                row["train_flops"] = statistics.fmean(r["train_flops"] for r in done)
+            if all("eval_bands" in r for r in done):
+                row["bands"] = {band: statistics.fmean(r["eval_bands"][band]["perplexity"] for r in done)
+                                for band in BANDS if all(r["eval_bands"][band]["perplexity"] for r in done)}
+        rows.append(row)
+    metric = main_metric(rows)
+    plain = [row for row in rows if row.get("head") in PLAIN_HEADS and metric in row]
+    best = None
+    for row in plain:
+        if best is None or better(metric, row[metric][0], best[metric][0]):
+            best = row
+    if best is not None:
+        budget = min((row["train_flops"] for row in rows if "train_flops" in row), default=None)
+        for row in rows:
+            compare(row, best, metric, runs, budget)
+    return rows, (best["name"] if best else None)
+
+
+def main_metric(rows: list[dict]) -> str:
+    return "eval_perplexity" if any("eval_perplexity" in r for r in rows) else METRICS[1][0]
+
+
+def compare(row: dict, best: dict, metric: str, runs: list[dict], budget: float | None) -> None:
+    """Fills the row's comparisons with the best plain row `best` (in place)."""
+    for key, _ in METRICS:
+        if key in row and key in best:
+            row[f"{key}_vs_best_plain"] = row[key][0] / best[key][0] - 1.0
+    paired = [s for s in row.get("seeds", []) if s in best["per_seed"][metric] and s in row["per_seed"][metric]]
+    row["seeds_better"] = [sum(better(metric, row["per_seed"][metric][s], best["per_seed"][metric][s]) for s in paired),
+                           len(paired)]
+    if budget is not None:
+        values = [at_flops(r, metric, budget) for r in runs if r["name"] == row["name"] and "error" not in r]
+        base = [at_flops(r, metric, budget) for r in runs if r["name"] == best["name"] and "error" not in r]
+        if values and None not in values and base and None not in base:
+            row["equal_flops"] = {"budget": budget, "value": statistics.fmean(values),
+                                  "vs_best_plain": statistics.fmean(values) / statistics.fmean(base) - 1.0}
+    if "bands" in row and "bands" in best:
+        row["bands_vs_best_plain"] = {b: row["bands"][b] / best["bands"][b] - 1.0 for b in row["bands"] if b in best["bands"]}
+
+
+def markdown_table(rows: list[dict], best: str | None) -> str:
+    metric = main_metric(rows)
+    title = dict(METRICS)[metric]
+    header = ["run", "head", "seeds", f"{title} (mean ± std)", f"vs best plain ({best})", "better at seeds",
+              f"{title} at equal FLOPs", "vs best plain at equal FLOPs", *[f"{b} words" for b in BANDS],
+              "train PFLOP", "parameters", "head parameters", "step time (s)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        if "parameters" not in row:
+            lines.append(f"| {row['name']} | failed: {'; '.join(row['errors'])} |")
+            continue
+        pct = lambda v: "" if v is None else f"{100 * v:+.1f}%"
+        equal = row.get("equal_flops")
+        bands = [f"{row['bands'][b]:.1f} ({pct(row.get('bands_vs_best_plain', {}).get(b))})" if b in row.get("bands", {})
+                 else "" for b in BANDS]
+        cells = [row["name"], row["head"], str(len(row["seeds"])),
+                 f"{row[metric][0]:.2f} ± {row[metric][1]:.2f}" if metric in row else "",
+                 pct(row.get(f"{metric}_vs_best_plain")),
+                 "{}/{}".format(*row["seeds_better"]) if "seeds_better" in row else "",
+                 f"{equal['value']:.2f}" if equal else "", pct(equal["vs_best_plain"]) if equal else "", *bands,
+                 f"{row['train_flops'] / 1e15:.3f}" if "train_flops" in row else "",
+                 f"{row['parameters']:,}", f"{row['head_parameters']:,}", f"{row['train_step_time_s']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    budget = next((r["equal_flops"]["budget"] for r in rows if "equal_flops" in r), None)
+    note = (f"\nEqual FLOPs: each run's curve interpolated at {budget / 1e15:.3f} PFLOP, the smallest training budget "
+            "of any row.\n") if budget else ""
+    return "\n".join(lines) + "\n" + note
+
+
+def curve_table(runs: list[dict], key: str = "eval_perplexity") -> str:
+    """Mean over seeds of `key` at every evaluation step, one column per run name."""
+    names = list(dict.fromkeys(r["name"] for r in runs if "curve" in r))
+    points: dict[int, dict[str, list[float]]] = {}
+    for run in (r for r in runs if "curve" in r):
+        for point in run["curve"]:
+            if key in point:
+                points.setdefault(point["step"], {}).setdefault(run["name"], []).append(point[key])
+    lines = ["| step | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for step in sorted(points):
+        cells = [f"{statistics.fmean(points[step][n]):.2f}" if n in points[step] else "" for n in names]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
