@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from .head_interface import IGNORE_INDEX, HeadInputs
-from .mixture import MixtureHead, MixtureOptions
+from .latents import MixtureOptions
+from .mixture import MixtureHead
 from .options import HeadDims, flag, number, pairs
 
 

@@ -59,7 +59,8 @@ from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, a
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
                              resize_codes, table_grid, table_shape)
 from .losses import mixture_nll_sum
-from .mixture import LATENT_INITS, MixtureOptions, PriorAndLatents, over_row_chunks
+from .latents import LATENT_INITS, MixtureOptions, PriorAndLatents
+from .mixture import over_row_chunks
 from .options import HeadDims, choice, integer
 
 

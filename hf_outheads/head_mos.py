@@ -53,7 +53,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .mixture import MixtureHead, MixtureOptions
+from .latents import MixtureOptions
+from .mixture import MixtureHead
 from .options import integer
 
 

@@ -1,0 +1,182 @@
+"""The prior and the component latents of the mixtures (`mos`, `doc`) and of `lightrnn`'s code
+mixture: `pi = softmax(W_pi h)` (no bias) and `k_j = act(W_n h^n + b_n)` (DOC paper Eq. 7-11,
+Yang et al. 2018 Sec. 3.3, Kong et al. 2019), with their options (`MixtureOptions`), inits, the
+latent maps' `map_scale` and the latents' dropout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+
+from .head_interface import HeadInputs
+from .options import HeadDims, HeadOptions, choice, flag, integer, number, probability
+
+ACTIVATIONS = ("tanh", "identity")
+LATENT_INITS = ("identity", "uniform")
+IDENTITY_INIT_STD = 0.02  # noise on `W_n = I` that lets identical components drift apart
+DROPOUT_KINDS = ("locked", "standard")
+
+
+@dataclass
+class MixtureOptions(HeadOptions):
+    """Options of the prior and latents (`mos`, `doc`, `lightrnn`). Defaults measured on transformer
+    backbones: an own output matrix and identity latents started at the identity under a uniform
+    prior, learnt at `map_scale` 0.01 from scratch; the reference codes are `tied=True`,
+    `latent_activation="tanh"`, `latent_init="uniform"`, plain maps (and dropout, see the heads)."""
+
+    latent_dim: int | None = integer(None, minimum=1, optional=True)  # d of k_j; None = embedding width
+    tied: bool = flag(False)  # own |V| x latent_dim matrix W; True: s_j = E k_j + b (reference `tie_weights`)
+    latent_activation: str = choice("identity", ACTIVATIONS)  # "identity" (DOC Eq. 11) or "tanh" (MoS, reference)
+    latent_dropout: float = probability(0.0)  # rate on the latents; MoS PTB 0.29, DOC 0.6 (heads' docstrings)
+    dropout_kind: str = choice("locked", DROPOUT_KINDS)  # "locked": one mask per sequence for all steps
+    latent_init: str = choice("identity", LATENT_INITS)  # "identity": W_n = I + noise; "uniform": reference
+    # how far a step of the stored latent parameters moves the latent maps (`PriorAndLatents`);
+    # 1: the plain form (None: `scratch_defaults` from scratch, `conversion_defaults` when converted)
+    map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured (the repository's ablations)
+    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
+    saved_defaults: ClassVar[dict] = {"map_scale": 1.0}  # configs saved before the option: plain maps
+
+    def complete(self, dims: HeadDims) -> None:
+        if self.tied and self.latent_dim not in (None, dims.embed_dim):
+            self.fail(f"with tied=True it scores E k_j, so latent_dim must equal the embedding width "
+                      f"d={dims.embed_dim} (got {self.latent_dim}). Use tied=False for another latent size.")
+
+
+class PriorAndLatents:
+    """The prior `pi = softmax(W_pi h)` (no bias) and the component latents `k = act(W_n h^n + b_n)`
+    shared by the mixtures and `lightrnn`: a mix-in of `OutputHead` subclasses.
+    `build_prior_and_latents` registers `prior` and `latents[g]` (all components of group g in one
+    Linear) on the head itself, so their parameter names are `head.prior.*`, `head.latents.{g}.*`
+    (a sub-module would rename them and break saved checkpoints). `groups` lists (backbone layer,
+    component count); layer `dims.num_layers` means `inputs.hidden` (final norm and `hidden_scale`
+    applied). Options read: `latent_activation`, `latent_dropout`, `dropout_kind`, `map_scale`.
+
+    `map_scale` s < 1 stores each latent map as `W_n = (1 - s) I + s A_n` and its bias as `s c_n`
+    (`I` only with the identity init; 0 with the reference init), so that under Adam-type
+    optimisers a step of the stored `A_n, c_n` moves the map s times as far (as `ScaledMap` does
+    for `bilinear` and `joint`). s = 1 is the plain `W_n = A_n`, the stored form of earlier
+    versions."""
+
+    shared_dropout_mask = False  # doc: one locked mask for all components; mos: one per component
+    tanh_init_scale = 0.01  # eps of the tanh conversion (see `MixtureHead.init_from_lm_head`)
+
+    @property
+    def conversion_scale(self) -> float:
+        """The latent maps' scale in a conversion: eps with tanh latents (`tanh(eps A h) / eps ~ A h`,
+        the `1/eps` goes into the output weights), 1 with identity latents."""
+        return self.tanh_init_scale if self.options.latent_activation == "tanh" else 1.0
+
+    def build_prior_and_latents(self, groups: list[tuple[int, int]], latent_size: int, with_prior: bool = True):
+        """`with_prior=False`: log pi = 0, one component (no parameter without a gradient)."""
+        self.groups = tuple((int(layer), int(count)) for layer, count in groups)
+        self.latent_size = latent_size
+        self.num_components = sum(count for _, count in self.groups)
+        hidden_dim = self.dims.hidden_dim
+        prior = nn.Linear(hidden_dim, self.num_components, bias=False)  # drawn either way: same seed, same init
+        self.prior = prior if with_prior else None
+        self.latents = nn.ModuleList(nn.Linear(hidden_dim, c * latent_size) for _, c in self.groups)
+        self.dropout = nn.Dropout(self.options.latent_dropout)  # holds the rate: see latent_dropout
+
+    @property
+    def layer_indices(self) -> tuple[int, ...]:
+        return tuple(sorted({layer for layer, _ in self.groups if layer != self.dims.num_layers}))
+
+    @property
+    def latent_scale(self) -> float:
+        return 1.0 if self.options.map_scale is None else float(self.options.map_scale)
+
+    @property
+    def latent_base(self) -> float:
+        """The identity's share `1 - s` in the latent maps (0 with the reference init)."""
+        return (1.0 - self.latent_scale) if self.options.latent_init == "identity" else 0.0
+
+    def init_prior_and_latents(self, identity: bool) -> None:
+        """`identity`: every latent map starts at `I + N(0, 0.02^2)` (a component scores about
+        what `tied` scores), latent biases and the prior at zero (a uniform prior). Otherwise the
+        reference init: torch's default Linear init, uniform(+-1/sqrt(d_h)), for every parameter.
+        The effective maps start the same whatever `map_scale` (the stored values are divided by it)."""
+        scale = self.latent_scale
+        if identity:
+            eye = torch.eye(self.latent_size, self.dims.hidden_dim)
+            if self.prior is not None:
+                init.zeros_(self.prior.weight)
+            for (_, count), linear in zip(self.groups, self.latents):
+                init.normal_(linear.weight, 0.0, IDENTITY_INIT_STD / scale)
+                with torch.no_grad():
+                    linear.weight.add_(eye.repeat(count, 1).to(linear.weight))
+                init.zeros_(linear.bias)
+            return
+        bound = self.dims.hidden_dim**-0.5
+        if self.prior is not None:
+            init.uniform_(self.prior.weight, -bound, bound)
+        for tensor in [p for linear in self.latents for p in linear.parameters()]:
+            init.uniform_(tensor, -bound / scale, bound / scale)
+
+    @torch.no_grad()
+    def set_latent_map(self, group: int, weight: torch.Tensor) -> None:
+        """Store group `group`'s latent weights so that its effective maps are `weight`
+        (`(count * d, d_h)`, a conversion), whatever `map_scale`."""
+        linear, count = self.latents[group], self.groups[group][1]
+        eye = torch.eye(self.latent_size, self.dims.hidden_dim, dtype=weight.dtype, device=weight.device)
+        linear.weight.copy_((weight - self.latent_base * eye.repeat(count, 1)) / self.latent_scale)
+
+    def latent_map_outputs(self, linear: nn.Linear, x: torch.Tensor, count: int) -> torch.Tensor:
+        """`(1 - s) I x + s (A x + c)` for `count` components, `(..., count, d)`."""
+        k = linear(x).unflatten(-1, (count, self.latent_size))
+        if self.latent_scale == 1.0:
+            return k
+        k = k * self.latent_scale
+        if self.latent_base:
+            d = self.latent_size
+            identity = x[..., :d] if d <= x.shape[-1] else F.pad(x, (0, d - x.shape[-1]))
+            k = k + self.latent_base * identity.unsqueeze(-2)
+        return k
+
+    def log_prior(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`log pi`, `(..., J)` fp32 (`(..., 1)` zeros without a prior)."""
+        if self.prior is None:
+            return hidden.new_zeros(*hidden.shape[:-1], 1, dtype=torch.float32)
+        return F.log_softmax(self.prior(hidden).float(), dim=-1)
+
+    def layer_state(self, inputs: HeadInputs, layer: int) -> torch.Tensor:
+        if layer == self.dims.num_layers:
+            return inputs.hidden
+        if layer not in inputs.layers:
+            raise ValueError(f"Head '{self.head_type}' needs hidden_states[{layer}]; pass it in HeadInputs.layers.")
+        return inputs.layers[layer]
+
+    def latent_states(self, inputs: HeadInputs) -> torch.Tensor:
+        """`k` of every component, `(..., J, d)`, activation and dropout applied."""
+        parts = [
+            self.latent_map_outputs(linear, self.layer_state(inputs, layer), count)
+            for (layer, count), linear in zip(self.groups, self.latents)
+        ]
+        k = torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
+        k = torch.tanh(k) if self.options.latent_activation == "tanh" else k
+        return self.latent_dropout(k)
+
+    def latent_dropout(self, k: torch.Tensor) -> torch.Tensor:
+        """Locked: the mask is drawn per sequence (first dim) and shared over time steps,
+        `(B, 1, J, d)` for `(B, T, J, d)` latents; `doc` also shares it over components. The rate
+        is `self.dropout.p` (an `nn.Dropout`, no state), so the switches that set every dropout's
+        `p` to 0 (TRL's `disable_dropout_in_model`) reach it."""
+        p = self.dropout.p
+        if not self.training or p == 0:
+            return k
+        if self.options.dropout_kind == "standard":
+            return F.dropout(k, p, training=True)
+        shape = [k.shape[0]] + [1] * (k.dim() - 3) + [1 if self.shared_dropout_mask else k.shape[-2], k.shape[-1]]
+        return k * k.new_empty(shape).bernoulli_(1 - p).div_(1 - p)
+
+    def needs_logits(self, inputs: HeadInputs, labels: torch.Tensor | None) -> bool:
+        """Full log-probabilities without labels, when `return_logits` asks, and outside
+        training; a training forward with labels gets the exact loss alone."""
+        if labels is None:
+            return True
+        return (not self.training) if inputs.return_logits is None else inputs.return_logits
