@@ -11,10 +11,12 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .backbones import head_dims, hidden_scale
 from .head_catalog import get_head_class
+from .options import HeadOptions
 
 FROM_BACKBONE = ("Build the model with OutHeadsForCausalLM.from_backbone(...) / OutHeadsForSeq2SeqLM.from_backbone(...) "
                  "(a plain transformers model or its folder), or OutHeadsConfig(text_config=..., head_type=...).")
 _GENERATION_KEYS: set[str] = set()
+_RESOLVED = "_resolved_head_options"  # where the config keeps `resolved_head_options`
 
 
 def not_from_backbone(name: str) -> bool:
@@ -87,7 +89,7 @@ class OutHeadsConfig(PretrainedConfig):
             raise ValueError(f"hidden_scale must be a positive finite number, got {value!r}; omit it to use the "
                              f"backbone family's default ({hidden_scale(text)}).")
         self.hidden_scale = float(value)
-        self.head_options = dataclasses.asdict(self.build_head_options())
+        self.head_options = dataclasses.asdict(self.resolved_head_options)
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs):
@@ -111,10 +113,23 @@ class OutHeadsConfig(PretrainedConfig):
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         return getattr(text, name)
 
-    def build_head_options(self) -> Any:
-        """`head_options` for `head_type`, checked and completed against the backbone's sizes
-        (`HeadOptions.resolve`)."""
+    @property
+    def resolved_head_options(self) -> HeadOptions:
+        """The one place a model's head options are resolved: `head_options` for `head_type`,
+        checked and completed against the backbone's sizes (`HeadOptions.resolve`), the object the
+        model hands to its head. Kept until `head_type`, `head_options` or the sizes change (a
+        resize); never serialised (`to_dict`), where the plain `head_options` dict stands for it."""
         if self.text_config is None:
             raise ValueError(f"This OutHeadsConfig has no text_config (backbone config). {FROM_BACKBONE}")
-        options = get_head_class(self.head_type).Options.from_dict(self.head_options)
-        return options.resolve(head_dims(self.text_config))
+        dims, resolved = head_dims(self.text_config), self.__dict__.get(_RESOLVED)
+        if resolved is None or (resolved.head_type, resolved.resolved_for) != (self.head_type, dims) \
+                or dataclasses.asdict(resolved) != self.head_options:
+            resolved = get_head_class(self.head_type).Options.from_dict(self.head_options).resolve(dims)
+            self.__dict__[_RESOLVED] = resolved
+        return resolved
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `PretrainedConfig.to_dict`, without the resolved options object (`head_options` holds them)."""
+        output = super().to_dict()
+        output.pop(_RESOLVED, None)
+        return output

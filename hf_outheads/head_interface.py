@@ -72,9 +72,14 @@ class OutputHead(nn.Module):
     updates_periodically: ClassVar[bool] = False
 
     def __init__(self, options: HeadOptions, dims: HeadDims):
-        """`options` are resolved here (`HeadOptions.resolve`): sub-classes read `self.options`."""
+        """`options`: resolved for `dims` (`options.resolve(dims)`; a model's come from
+        `OutHeadsConfig.resolved_head_options`). Sub-classes read `self.options`."""
         super().__init__()
-        self.options = options.resolve(dims)
+        resolved_for = options.resolved_for  # by value: remote code loads the config's and the model's modules apart
+        if resolved_for is None or dataclasses.astuple(resolved_for) != dataclasses.astuple(dims):
+            raise ValueError(f"Head '{self.head_type}' got options not resolved for its sizes {dims}: pass "
+                             f"options.resolve(dims) (a model's come from OutHeadsConfig.resolved_head_options).")
+        self.options = options
         self.dims = dims
         self.register_load_state_dict_post_hook(_check_loaded_state)
 

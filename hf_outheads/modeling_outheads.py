@@ -31,7 +31,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
     _supports_attention_backend = True
 
     def __init__(self, config: OutHeadsConfig):
-        options = config.build_head_options()  # a config without a backbone (text_config) or with bad options fails here
+        options = config.resolved_head_options  # a config without a backbone (text_config) or with bad options fails here
         check_backbone_kind(type(self), config)  # AutoModelForCausalLM on a seq2seq folder (or the reverse) fails here
         super().__init__(config)
         self.backbone = AutoModel.from_config(config.text_config)

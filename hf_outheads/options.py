@@ -7,6 +7,8 @@ declaration (a ValueError names the head and the option), then the head's `compl
 fills in the values that depend on the backbone (`joint_dim`, lightrnn's table shape) and
 checks the options against each other and against the backbone. `resolve` is idempotent:
 a resolved object (or its `dataclasses.asdict`, the saved config) resolves to itself.
+`OutHeadsConfig.resolved_head_options` is where a model's options are resolved; the model
+and its head receive that object (a head refuses options not resolved for its sizes).
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ class HeadOptions:
     # values of fields that a config saved before the field existed lacks: the behaviour of the
     # version that saved it (`for_saved`, applied when a config.json is loaded)
     saved_defaults: ClassVar[dict[str, Any]] = {}
+    # the sizes `resolve` completed this object for (set on the copy it returns); None: not resolved
+    resolved_for: ClassVar[HeadDims | None] = None
 
     @classmethod
     def for_saved(cls, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -205,6 +209,7 @@ class HeadOptions:
             values[f.name] = spec.check(self.head_type, f.name, value) if spec is not None else value
         resolved = dataclasses.replace(self, **values)
         resolved.complete(dims)
+        resolved.resolved_for = dims
         return resolved
 
     def complete(self, dims: HeadDims) -> None:

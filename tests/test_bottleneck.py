@@ -18,7 +18,7 @@ def log_prob_matrix(head_type, vocab, seed=0, **options):
     torch.manual_seed(seed)
     dims = HeadDims(vocab_size=vocab, embed_dim=D, hidden_dim=D, num_layers=2)
     cls = get_head_class(head_type)
-    head = cls(cls.Options.from_dict(options), dims).eval()
+    head = cls(cls.Options.from_dict(options).resolve(dims), dims).eval()
     head.reset_parameters()
     with torch.no_grad():
         head.bias.normal_()

@@ -80,7 +80,7 @@ def test_all_components_on_the_last_layer_is_mos(backbone, last):
 def small_head(regularizer_weight=1.0):
     """d_h = 3, J = 3 (two components on the last layer, one on the embedding output)."""
     dims = HeadDims(vocab_size=5, embed_dim=3, hidden_dim=3, num_layers=2)
-    head = DOCHead(DOCOptions(components=[[-1, 2], [0, 1]], regularizer_weight=regularizer_weight), dims)
+    head = DOCHead(DOCOptions(components=[[-1, 2], [0, 1]], regularizer_weight=regularizer_weight).resolve(dims), dims)
     head.reset_parameters()
     with torch.no_grad():
         head.prior.weight.copy_(torch.eye(3))  # prior logits = h
@@ -116,7 +116,7 @@ def test_model_loss_adds_the_regulariser():
 def test_one_locked_mask_shared_by_all_components_and_time_steps():
     dims = HeadDims(vocab_size=11, embed_dim=6, hidden_dim=6, num_layers=2)
     head = DOCHead(DOCOptions(components=[[-1, 2], [1, 2], [0, 1]], latent_dropout=0.5, latent_activation="tanh",
-                                map_scale=1.0), dims)
+                                map_scale=1.0).resolve(dims), dims)
     head.reset_parameters()
     with torch.no_grad():
         for linear in head.latents:
@@ -139,7 +139,7 @@ def test_middle_layer_norm():
     results = {}
     for norm in (True, False):
         torch.manual_seed(0)
-        head = DOCHead(DOCOptions(components=[[-1, 1], [1, 2]], middle_layer_norm=norm), dims).eval()
+        head = DOCHead(DOCOptions(components=[[-1, 1], [1, 2]], middle_layer_norm=norm).resolve(dims), dims).eval()
         head.reset_parameters()
         logits = [head(HeadInputs(hidden, table, {1: scale * middle})).logits
                   for scale in (1.0, 100.0)]

@@ -40,7 +40,7 @@ def test_depth_zero_is_the_tied_head(name):
 
 def head(**options) -> DrillHead:
     torch.manual_seed(0)
-    module = DrillHead(DrillOptions(**{"dropout": 0.0, **options}), DIMS)
+    module = DrillHead(DrillOptions(**{"dropout": 0.0, **options}).resolve(DIMS), DIMS)
     module.reset_parameters()
     return module
 

@@ -26,7 +26,7 @@ def test_trains_generates_keeps_logits_and_round_trips(name, tmp_path):
 
 def head(**options) -> JointHead:
     torch.manual_seed(0)
-    module = JointHead(JointOptions(**options), DIMS)
+    module = JointHead(JointOptions(**options).resolve(DIMS), DIMS)
     module.reset_parameters()
     return module
 

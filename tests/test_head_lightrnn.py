@@ -22,7 +22,7 @@ DIMS = HeadDims(vocab_size=VOCAB, embed_dim=32, hidden_dim=32, num_layers=2)
 
 def head(seed=0, dims=DIMS, **options):
     torch.manual_seed(seed)
-    h = LightRNNHead(LightRNNOptions(**{**TABLE, **options}), dims)
+    h = LightRNNHead(LightRNNOptions(**{**TABLE, **options}).resolve(dims), dims)
     h.reset_parameters()
     return h
 

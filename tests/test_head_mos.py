@@ -80,7 +80,7 @@ def test_exact_training_loss_equals_loss_of_the_logits():
 def make_head(kind="locked", rate=0.5, components=4, d=6):
     dims = HeadDims(vocab_size=11, embed_dim=d, hidden_dim=d, num_layers=2)
     head = MoSHead(MoSOptions(num_components=components, latent_dropout=rate, dropout_kind=kind,
-                              latent_activation="tanh", map_scale=1.0), dims)  # stored latent weights = maps
+                              latent_activation="tanh", map_scale=1.0).resolve(dims), dims)  # stored latent weights = maps
     head.reset_parameters()
     with torch.no_grad():  # constant latents tanh(1): what latent_states returns is the dropout mask
         head.latents[0].weight.zero_()

@@ -89,3 +89,22 @@ def test_integral_values_keep_their_meaning():
     lightrnn = HEAD_CLASSES["lightrnn"].Options.from_dict({"num_exclusive": 0, "num_rows": 10}).resolve(DIMS)
     assert (lightrnn.num_exclusive, lightrnn.num_rows, lightrnn.num_columns) == (0, 10, 10)
     assert HEAD_CLASSES["linear"].Options.from_dict({"sampled_fraction": 1}).resolve(DIMS).sampled_fraction == 1
+
+
+def test_options_are_resolved_once_in_the_config_and_handed_to_the_head(tmp_path):
+    """The config resolves the options (`resolved_head_options`); the model's head receives that
+    object; a head refuses options not resolved for its sizes; config.json holds the plain dict."""
+    from hf_outheads import OutHeadsForCausalLM
+
+    config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="joint", head_options={"joint_dim": 8})
+    resolved = config.resolved_head_options
+    assert config.resolved_head_options is resolved and resolved.resolved_for is not None
+    model = OutHeadsForCausalLM(config)
+    assert model.head.options is resolved
+    config.head_options["joint_dim"] = 4  # an edited dict is resolved again, not read stale
+    assert config.resolved_head_options.joint_dim == 4 and model.head.options.joint_dim == 8
+    with pytest.raises(ValueError, match=r"Head 'joint' got options not resolved.*options.resolve\(dims\)"):
+        HEAD_CLASSES["joint"](HEAD_CLASSES["joint"].Options(), model.head.dims)
+    model.save_pretrained(tmp_path)
+    saved = (tmp_path / "config.json").read_text()
+    assert "_resolved_head_options" not in saved and '"joint_dim": 4' in saved

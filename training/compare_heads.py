@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` impor
 import yaml
 
 from training.comparison_tables import METRICS, curve_table, main_metric, markdown_table, summarise
-from training.options import parse_options
+from training.options import check_values, parse_options
 from training.tracking import RESULTS_FILE, read_metrics
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent / "train.py"
@@ -47,21 +47,25 @@ def add_flags(parser):
 
 
 def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
-    """name -> (head type, head options); unknown head types fail before anything trains."""
-    from hf_outheads import HEAD_CLASSES
+    """name -> (head type, head options); a head type or option train.py would refuse fails here,
+    before anything trains (`training.options.check_values`, `HeadOptions.from_dict`)."""
+    from hf_outheads import get_head_class
 
-    specs = {}
+    specs, unknown, errors = {}, [], []
     for name in names:
         entry = dict(options.head_options_by_head.get(name, {}))
         specs[name] = (entry.pop("head_type", name), {**entry, **options.head_options})
-    unknown = sorted({head for head, _ in specs.values() if head not in HEAD_CLASSES})
+        try:
+            check_values(dataclasses.replace(options, head_type=specs[name][0]))
+        except ValueError as error:
+            unknown.append(specs[name][0])
+            errors.append(str(error))
     if unknown:
-        raise SystemExit(f"Head(s) {unknown} are not registered in hf_outheads.HEAD_CLASSES. "
-                         f"Registered heads: {sorted(HEAD_CLASSES)}. A variant name needs `head_type` in "
-                         "head_options_by_head.")
+        raise SystemExit(f"Head(s) {sorted(set(unknown))} are not registered: {errors[0]} A variant name needs "
+                         "`head_type` in head_options_by_head.")
     # every option spelt out (the head's current defaults under the given ones), so that a run
     # trained under other defaults is not reused
-    return {name: (head, {**dataclasses.asdict(HEAD_CLASSES[head].Options()), **given})
+    return {name: (head, dataclasses.asdict(get_head_class(head).Options.from_dict(given)))
             for name, (head, given) in specs.items()}
 
 

@@ -61,7 +61,7 @@ def build_model(options, tokenizer):
     if bool(options.model_preset) == bool(options.pretrained):
         raise ValueError("Set exactly one of model_preset (train from scratch) and pretrained (convert a checkpoint).")
     cls = model_class(options.task)
-    head_options = {**options.head_options_by_head.get(options.head_type, {}), **options.head_options}
+    head_options = options.given_head_options()
     if options.model_preset:
         text_config = preset_config(options, tokenizer)
         _set_dropout(text_config, options.dropout)

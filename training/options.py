@@ -41,7 +41,7 @@ class TrainOptions:
                                      "under head_options (lets compare_heads.py run several heads from one file).")
     # data
     dataset_name: str | None = opt(None, "Hub dataset (e.g. wikitext, ptb_text_only, iwslt2017, wmt14), 'stdlib_docstrings' (built in, offline) or 'debian_manpages' (built from Debian's manpages packages).")
-    dataset_config: str | None = opt(None, "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text', 'summary' or 'restore' for stdlib_docstrings.")
+    dataset_config: str | None = opt(None, "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text', 'summary', 'restore' or 'restore_short' for stdlib_docstrings.")
     data_files: dict = opt({}, "Local files per split, e.g. {train: a.txt, validation: b.txt}; format from the extension (txt/json/jsonl/csv/parquet).")
     streaming: bool = opt(False, "Stream the dataset instead of downloading/preparing it whole (needs max_steps).")
     train_split: str = opt("train", "Split to train on.")
@@ -104,6 +104,11 @@ class TrainOptions:
     hub_model_id: str | None = opt(None, "Repository for push_to_hub, e.g. user/gpt2-drill-wikitext2 (default: output_dir's name).")
     hub_private: bool = opt(False, "Create the Hub repository as private.")
     license: str = opt("apache-2.0", "License written in the model card.")
+
+    def given_head_options(self) -> dict:
+        """The user's options for the chosen head, `head_options_by_head[head_type]` under
+        `head_options`: a partial dict, resolved by `OutHeadsConfig` (`resolved_head_options`)."""
+        return {**self.head_options_by_head.get(self.head_type, {}), **self.head_options}
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainOptions)}
