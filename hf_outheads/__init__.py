@@ -11,7 +11,7 @@ from transformers import AutoConfig
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
-from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead
+from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, next_token_labels
 from .options import HeadDims, HeadOptions
 from .softmax import SoftmaxHead, SoftmaxOptions
 
@@ -62,4 +62,5 @@ __all__ = [
     "SoftmaxHead",
     "SoftmaxOptions",
     "get_head_class",
+    "next_token_labels",
 ]

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .head_interface import IGNORE_INDEX
+from .head_interface import IGNORE_INDEX, next_token_labels
 
 DEFAULT_EDGES = (100, 1000)  # training occurrences: rare < 100 <= medium < 1000 <= frequent
 DEFAULT_NAMES = ("rare", "medium", "frequent")
@@ -81,8 +81,8 @@ def frequency_band_perplexity(model, batches: Iterable[dict], word_counts, edges
                               names: Sequence[str] = DEFAULT_NAMES) -> dict[str, dict]:
     """Perplexity per training-frequency band of any causal LM or seq2seq model (an `OutHeads*`
     model or a plain transformers one) over `batches` of `input_ids`, `labels` (-100 skipped)
-    and optionally `attention_mask`. Causal LMs predict `labels[:, 1:]` from each prefix (labels
-    are the inputs, as transformers' causal LM loss); seq2seq models score `labels` with the
+    and optionally `attention_mask`. Causal LMs predict the next token of each prefix (labels
+    are the inputs, shifted by `next_token_labels`, as transformers' causal LM loss); seq2seq models score `labels` with the
     decoder inputs `model.prepare_decoder_input_ids_from_labels(labels)`."""
     bands = FrequencyBands(word_counts, edges, names)
     was_training = model.training
@@ -95,7 +95,7 @@ def frequency_band_perplexity(model, batches: Iterable[dict], word_counts, edges
             if seq2seq:
                 logits = model(**batch, decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels)).logits
             else:
-                logits, labels = model(**batch).logits[:, :-1], labels[:, 1:]
+                logits, labels = model(**batch).logits, next_token_labels(labels)
             nll = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
             bands.update(nll, labels)
     finally:

@@ -22,6 +22,12 @@ from .options import HeadDims, HeadOptions
 IGNORE_INDEX = -100  # labels the loss skips (transformers' convention)
 
 
+def next_token_labels(labels: torch.Tensor) -> torch.Tensor:
+    """The causal shift: the label of position t is token t + 1, and the last position scores
+    nothing (-100), as transformers' causal LM loss pads and shifts `labels` (the input ids)."""
+    return F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+
+
 @dataclass
 class HeadInputs:
     """What the model hands to a head, already restricted to the kept positions."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput
 
-from .head_interface import IGNORE_INDEX, OutputHead
+from .head_interface import IGNORE_INDEX, OutputHead, next_token_labels
 
 
 @dataclass
@@ -151,8 +151,8 @@ class LibraryHooks:
         if shift_labels is None:
             if labels is None:
                 raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
-            shift_labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
-        _, logits, aux_loss = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
+            shift_labels = next_token_labels(labels)
+        _, _, logits, aux_loss = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
         temperature = getattr(self, "_fused_lm_head", {}).get("temperature", 1.0)
         keep = slice(None) if labels is None else slice(None, -1)  # (batch, seq_len - 1) as TRL's
         shift_labels = shift_labels.to(logits.device)

@@ -14,15 +14,18 @@ from .head_interface import IGNORE_INDEX
 
 @dataclass
 class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
-    """`CausalLMOutputWithPast` plus `aux_loss`, a head's extra training term (already in `loss`)."""
+    """`CausalLMOutputWithPast` plus the two terms of `loss` = `nll_loss + aux_loss`: the token-mean
+    next-token NLL and a head's extra training term (DOC's regulariser; None for most heads)."""
 
+    nll_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
 
 
 @dataclass
 class OutHeadsSeq2SeqLMOutput(Seq2SeqLMOutput):
-    """`Seq2SeqLMOutput` plus `aux_loss`, a head's extra training term (already in `loss`)."""
+    """`Seq2SeqLMOutput` plus the two terms of `loss` = `nll_loss + aux_loss` (as `OutHeadsCausalLMOutput`)."""
 
+    nll_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
 
 

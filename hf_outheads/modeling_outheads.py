@@ -15,7 +15,7 @@ from transformers.utils.generic import can_return_tuple
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
 from .backbones import head_dims
-from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead
+from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
 from .integrations import LibraryHooks, effective_embedding_weight
 from .model_io import OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, shift_right
 from .model_card import model_tags
@@ -109,7 +109,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
     def _head_outputs(
         self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None, return_logits=None
     ):
-        """Run the head on the kept positions; return (loss, logits, aux_loss). `return_logits`
+        """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss), `loss` =
+        `nll_loss + aux_loss` (the token-mean NLL and the head's training term). `return_logits`
         (forward argument): None lets the head decide (mixture heads return `logits=None` when
         training with labels), True always computes logits, False skips them when labels are given."""
         hidden = slice_logits_to_keep(last_hidden, logits_to_keep) * self.config.hidden_scale
@@ -119,13 +120,13 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             check_labels(labels, self.head.dims.vocab_size)
         inputs = HeadInputs(hidden, self.output_embedding_matrix(), layers, return_logits=return_logits)
         out = self.head(inputs, labels)
-        loss = None
+        loss = nll = None
         if labels is not None:
             count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE_INDEX).sum()
-            loss = out.nll_sum / torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0, not NaN
+            loss = nll = out.nll_sum / torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0
             if out.aux_loss is not None:
-                loss = loss + out.aux_loss
-        return loss, out.logits, out.aux_loss
+                loss = nll + out.aux_loss
+        return loss, nll, out.logits, out.aux_loss
 
     def _needs_hidden_states(self, output_hidden_states):
         """(what to ask the backbone for, what to return to the caller): booleans, or for a list
@@ -191,13 +192,14 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             )
         if shift_labels is not None:
             labels = shift_labels
-        elif labels is not None:  # position t predicts token t + 1
-            labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
-        loss, logits, aux_loss = self._head_outputs(
+        elif labels is not None:
+            labels = next_token_labels(labels)
+        loss, nll_loss, logits, aux_loss = self._head_outputs(
             outputs.last_hidden_state, outputs.hidden_states, labels, logits_to_keep, num_items_in_batch, return_logits
         )
         return OutHeadsCausalLMOutput(
             loss=loss,
+            nll_loss=nll_loss,
             aux_loss=aux_loss,
             logits=logits,
             cache=outputs.cache,
@@ -252,11 +254,12 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             return_dict=True,
             **kwargs,
         )
-        loss, logits, aux_loss = self._head_outputs(
+        loss, nll_loss, logits, aux_loss = self._head_outputs(
             outputs.last_hidden_state, outputs.decoder_hidden_states, labels, logits_to_keep, num_items_in_batch, return_logits
         )
         return OutHeadsSeq2SeqLMOutput(
             loss=loss,
+            nll_loss=nll_loss,
             aux_loss=aux_loss,
             logits=logits,
             cache=outputs.cache,

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, next_token_labels
 from hf_outheads.conversion import original_lm_head
 from hf_outheads.head_doc import DOCHead, DOCOptions
 from hf_outheads.head_interface import HeadDims, HeadInputs
@@ -111,6 +111,13 @@ def test_model_loss_adds_the_regulariser():
     torch.testing.assert_close(out.loss, plain.loss)
     nll = torch.nn.functional.cross_entropy(plain.logits[:, :-1].reshape(-1, 99), data["labels"][:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, nll + out.aux_loss)
+    torch.testing.assert_close(out.nll_loss, nll)  # the two terms, returned apart: a loop adds, never subtracts
+    assert model.eval()(**data).nll_loss == model(**data).loss  # no training term: loss is the NLL
+
+
+def test_next_token_labels_is_the_causal_shift():
+    labels = torch.tensor([[5, 6, 7], [8, -100, 9]])
+    assert next_token_labels(labels).tolist() == [[6, 7, -100], [-100, 9, -100]]
 
 
 def test_one_locked_mask_shared_by_all_components_and_time_steps():

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hf_outheads import IGNORE_INDEX
+from hf_outheads import IGNORE_INDEX, next_token_labels
 
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 # metric module -> the result keys reported (as `eval_<key>`; `score` becomes the module name)
@@ -38,8 +38,8 @@ def token_nll(accelerator, model, batch, task: str) -> tuple[torch.Tensor, torch
     """(NLL of every scored position, its label; -100 where nothing is scored), `(B, T)` each."""
     labels = batch["labels"]
     if task == "causal_lm":
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[:, :-1]
-        labels = labels[:, 1:]
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
+        labels = next_token_labels(labels)
     else:
         decoder_input_ids = accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(labels)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],

@@ -15,12 +15,12 @@ from itertools import islice
 import torch
 from tqdm.auto import tqdm
 
-from hf_outheads import IGNORE_INDEX
+from hf_outheads import IGNORE_INDEX, next_token_labels
 
 
 def loss_tokens(batch, task: str) -> torch.Tensor:
     """Label tokens the model scores (a causal LM predicts token t + 1 at position t)."""
-    labels = batch["labels"][:, 1:] if task == "causal_lm" else batch["labels"]
+    labels = next_token_labels(batch["labels"]) if task == "causal_lm" else batch["labels"]
     return (labels != IGNORE_INDEX).sum()
 
 
@@ -33,11 +33,11 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options)
         last = index == len(window) - 1  # gradients are all-reduced once, after the last micro-batch
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
             outputs = model(**batch, num_items_in_batch=count)
-            aux = outputs.aux_loss if outputs.aux_loss is not None else outputs.loss.new_zeros(())
-            nll = outputs.loss - aux  # this process's share of the window's token mean
-            accelerator.backward(nll * processes + aux / len(window))  # processes' gradients are averaged
+            nll, aux = outputs.nll_loss, outputs.aux_loss  # nll: this process's share of the window's token mean
+            # processes' gradients are averaged; the auxiliary term is a per-micro-batch mean
+            accelerator.backward(nll * processes + (0.0 if aux is None else aux / len(window)))
         nll_total += nll.detach()
-        if outputs.aux_loss is not None:
+        if aux is not None:
             aux_total = (aux_total or 0.0) + aux.detach() / len(window)
     if options.max_grad_norm:
         accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
