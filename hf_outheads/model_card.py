@@ -1,4 +1,5 @@
-"""The README model card that `push_to_hub` uploads with an `OutHeadsFor*` model.
+"""Every model card of an `OutHeadsFor*` model: the README `push_to_hub` uploads, the card a
+training script writes (its run added as sections, `build_model_card`) and a plain export's.
 
 Rendered from the model itself (head type and options, backbone, sizes), offline: no
 template download, no `ModelCard.validate()` (both need the network).
@@ -66,19 +67,24 @@ def options_section(options: dict | None) -> str:
 
 
 def usage_code(repo_id: str, auto_class: str) -> str:
-    return f'''```python
-from transformers import {auto_class}
+    return f'''from transformers import {auto_class}
 
 # The modelling code travels with the checkpoint: no extra install needed.
 model = {auto_class}.from_pretrained("{repo_id}", trust_remote_code=True)
 # Or, with the hf_outheads package installed, `import hf_outheads` registers the classes and
 # {auto_class}.from_pretrained("{repo_id}") works without remote code.
-outputs = model.generate(input_ids, max_new_tokens=20)  # ids from the backbone's tokenizer
-```'''
+outputs = model.generate(input_ids, max_new_tokens=20)  # ids from the backbone's tokenizer'''
 
 
-def build_model_card(model, repo_id: str | None = None, tags: list[str] | None = None):
-    """A `huggingface_hub.ModelCard` describing `model` (an `OutHeadsPreTrainedModel`)."""
+def build_model_card(model, repo_id: str | None = None, tags: list[str] | None = None, usage: str | None = None,
+                     sections: dict[str, str] | None = None, **card_data):
+    """A `huggingface_hub.ModelCard` describing `model` (an `OutHeadsPreTrainedModel`): the one
+    card builder. Metadata: `model_tags` and `hub_base_model` (a local path is never
+    `base_model`). A training script describes its run with `usage` (Python code that replaces
+    the generic usage example, e.g. code that generates the card's sample again), `sections`
+    (`{title: markdown}`, appended as `## title` sections: data, procedure, results, plots,
+    sample, citation) and `card_data` (further `ModelCardData` fields: `license`, `datasets`,
+    `model_name`, `eval_results`)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     config, text = model.config, model.config.text_config
@@ -90,7 +96,12 @@ def build_model_card(model, repo_id: str | None = None, tags: list[str] | None =
         pipeline_tag=pipeline_tag(auto_class),
         base_model=hub_base_model(origin),
         tags=list(dict.fromkeys(model_tags(config) + list(tags or []))),
+        **card_data,
     )
+    note = ("The tokenizer is the backbone's: upload it next to the model (`tokenizer.push_to_hub`)." if usage is None
+            else "Without the `hf_outheads` package installed, pass `trust_remote_code=True`: the modelling code is "
+                 "saved with the weights.")
+    extra = "".join(f"\n## {title}\n\n{body.strip()}\n" for title, body in (sections or {}).items())
     head_params = sum(p.numel() for p in model.head.parameters())
     body = f"""# {type(model).__name__}: `{text.model_type}` backbone with the `{config.head_type}` output head
 
@@ -111,10 +122,12 @@ A `{text.model_type}` {"encoder-decoder" if seq2seq else "decoder-only"} backbon
 
 ## Usage
 
-{usage_code(repo_id or PLACEHOLDER_REPO, auto_class)}
+```python
+{usage or usage_code(repo_id or PLACEHOLDER_REPO, auto_class)}
+```
 
-The tokenizer is the backbone's: upload it next to the model (`tokenizer.push_to_hub`).
-"""
+{note}
+{extra}"""
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 

@@ -1,5 +1,6 @@
 """The end of a run: save model, tokenizer and generation config, plot the training curve,
-render the model card from model_cards/template.md, and optionally push it all to the Hub."""
+write the model card (`hf_outheads.model_card.build_model_card`, with the run's data,
+procedure, results, plot, sample and citations as sections), and optionally push it all to the Hub."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 from pathlib import Path
 
 import yaml
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, HfApi, ModelCard
 
-from hf_outheads.model_card import hub_base_model, model_tags, pipeline_tag
+from hf_outheads.model_card import build_model_card, pipeline_tag
 
 from .evaluation import SAMPLING
 from .tracking import RESULTS_FILE, read_metrics
@@ -69,9 +70,10 @@ def plot_training_curve(output_dir: Path) -> Path | None:
     return path
 
 
-def head_papers(head_type: str) -> dict:
+def head_papers(head_type: str) -> list[dict]:
+    """The papers (title, url, bibtex) of `head_type` in model_cards/papers.yaml; none for a head not there."""
     entries = yaml.safe_load((CARDS_DIR / "papers.yaml").read_text())
-    return entries.get(head_type, {"description": f"The `{head_type}` output head.", "papers": []})
+    return entries.get(head_type, {}).get("papers", [])
 
 
 STDLIB_TASKS = {  # stdlib_docstrings config -> what the run learnt
@@ -93,48 +95,51 @@ def dataset_description(options) -> tuple[str, str]:
     return "local", f"Local files: `{options.data_files}`."
 
 
-def _card_data(model, options, results, dataset_type) -> ModelCardData:
-    """Tags and `base_model` by the rules of every hf_outheads card (`hf_outheads.model_card`):
-    one tag scheme, and a base model only when it is a Hub id (never a local path)."""
-    task_type = pipeline_tag("AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM")
+def run_sections(model, tokenizer, options, results, output_dir: Path, data_prose: str) -> dict[str, str]:
+    """The run's sections of the card: data, procedure (and the training curve), evaluation
+    results and sample, and the head's papers with BibTeX (`model_cards/papers.yaml`)."""
+    text = model.config.text_config
+    backbone = (f"converted from `{options.pretrained}` with `from_backbone`" if options.pretrained
+                else f"the `{options.model_preset}` preset (`{text.model_type}`), randomly initialised")
+    sections = {"Training data": f"{data_prose}\n\nBackbone: {backbone}. Tokenizer: {options.tokenizer} "
+                                 f"({len(tokenizer):,} tokens)."}
+    rows = "".join(f"| {key} | {value} |\n" for key, value in hyperparameters(options).items())
+    curve = "\n![training curve](training_curve.png)\n" if (output_dir / CURVE_FILE).exists() else ""
+    sections["Training procedure"] = f"| hyperparameter | value |\n| --- | --- |\n{rows}{curve}"
+    table = "".join(f"| {name} | {results[key]:.4g} |\n" for key, (_, name) in CARD_METRICS.items() if key in results)
+    sample = results.get("sample") or (results.get("samples") or [{}])[0].get("prediction")
+    sections["Evaluation results"] = (
+        f"On the `{options.validation_split}` split ({results.get('eval_examples')} examples, "
+        f"{results.get('eval_tokens')} tokens):\n\n| metric | value |\n| --- | --- |\n{table}"
+        + (f"\nA generated sample:\n\n```text\n{sample}\n```\n" if sample else ""))
+    papers = head_papers(model.config.head_type)
+    if papers:
+        links = ", ".join(f"[{paper['title']}]({paper['url']})" for paper in papers)
+        bibtex = "\n".join(paper["bibtex"].strip() for paper in papers)
+        sections["Citation"] = f"Paper{'s' if len(papers) > 1 else ''}: {links}.\n\n```bibtex\n{bibtex}\n```"
+    return sections
+
+
+def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCard:
+    """The model card of `hf_outheads.model_card.build_model_card` (its tags and `base_model`
+    rule: never a local path) with the run's sections, the results as its model-index, and
+    usage code that generates the card's sample again; no network (no validate())."""
+    dataset_type, data_prose = dataset_description(options)
+    auto_class = "AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM"
+    task_type = pipeline_tag(auto_class)
     evals = [
         EvalResult(task_type=task_type, dataset_type=dataset_type, dataset_name=dataset_type,
                    dataset_config=options.dataset_config, dataset_split=options.validation_split,
                    metric_type=metric_type, metric_name=name, metric_value=round(float(results[key]), 4))
         for key, (metric_type, name) in CARD_METRICS.items() if key in results
     ]
-    return ModelCardData(
+    repo_id = options.hub_model_id or str(output_dir)
+    return build_model_card(
+        model, repo_id, usage=usage_code(options, results, auto_class, repo_id),
+        sections=run_sections(model, tokenizer, options, results, output_dir, data_prose),
         model_name=Path(options.hub_model_id or options.output_dir).name, license=options.license,
-        library_name="transformers", pipeline_tag=task_type,
-        base_model=hub_base_model(getattr(model.config, "base_model", None)),
         datasets=[options.dataset_name] if options.dataset_name and options.dataset_name != "stdlib_docstrings" else None,
-        tags=model_tags(model.config), eval_results=evals,
-    )
-
-
-def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCard:
-    """The card from model_cards/template.md; no network (no validate())."""
-    dataset_type, data_prose = dataset_description(options)
-    head = head_papers(model.config.head_type)
-    text = model.config.text_config
-    backbone = options.pretrained or f"{options.model_preset} ({text.model_type}, from scratch)"
-    card_data = _card_data(model, options, results, dataset_type)
-    auto_class = "AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM"
-    return ModelCard.from_template(
-        card_data, template_path=str(CARDS_DIR / "template.md"),
-        model_name=card_data.model_name, task_description="causal language model" if options.task == "causal_lm" else "sequence-to-sequence model",
-        backbone=backbone, head_type=model.config.head_type, head_description=head["description"], papers=head["papers"],
-        head_options_yaml=yaml.safe_dump(model.config.head_options or {}, sort_keys=True) if model.config.head_options else "{}\n",
-        backbone_description=f"`{text.model_type}` with hidden size {getattr(text, 'hidden_size', '?')} and vocabulary {text.vocab_size:,}"
-        + (f", converted from `{options.pretrained}` with `from_backbone`." if options.pretrained else ", randomly initialised."),
-        parameters=results["parameters"], head_parameters=results["head_parameters"],
-        tokenizer_description=f"{options.tokenizer} ({len(tokenizer):,} tokens)",
-        data_description=data_prose, hyperparameters=hyperparameters(options),
-        has_curve=(output_dir / CURVE_FILE).exists(), eval_split=options.validation_split,
-        eval_examples=results.get("eval_examples"), eval_tokens=results.get("eval_tokens"),
-        eval_table=[(name, f"{results[key]:.4g}") for key, (_, name) in CARD_METRICS.items() if key in results],
-        sample=results.get("sample") or (results.get("samples") or [{}])[0].get("prediction"),
-        usage_code=usage_code(options, results, auto_class, options.hub_model_id or str(output_dir)),
+        eval_results=evals,
     )
 
 
