@@ -1,4 +1,4 @@
-"""The from-scratch initialisations chosen by measurement (training/results): heads with
+"""The from-scratch initialisations chosen by measurement (studies/results): heads with
 identity-initialised maps start exactly where `tied` starts, mixtures start from identity
 latents and a uniform prior; the papers' inits stay available as options."""
 

@@ -1,4 +1,4 @@
-"""The head-comparison harness (training/compare_heads.py) and the second real corpus
+"""The head-comparison harness (studies/compare_heads.py) and the second real corpus
 (training/manpages_corpus.py), in process."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import tarfile
 import pytest
 import yaml
 
-from training import compare_heads
+from studies import compare_heads
 from training.manpages_corpus import PACKAGES, load_manpages_dataset, roff_to_text
 from training.options import parse_options
-from training.study_plots import plot_curves
+from studies.study_plots import plot_curves
 
 
 def fake_run(name, seed, ppl, curve, flops_per_step=1e12, bands=None):
@@ -56,7 +56,7 @@ def test_summary_compares_every_head_with_the_best_plain_head_paired_by_seed_and
 
 
 def test_interpolation_between_evaluations_is_log_linear_in_perplexity():
-    from training.comparison_tables import at_flops
+    from studies.comparison_tables import at_flops
 
     run = fake_run("mos", 1, 25.0, [(10, 100.0), (20, 25.0)])
     assert at_flops(run, "eval_perplexity", 15e12) == pytest.approx(50.0)
@@ -179,7 +179,7 @@ def test_manpages_dataset_from_cached_packages_splits_by_page(tmp_path):
 
 
 def test_regime_table_puts_each_comparison_beside_the_others(tmp_path):
-    from training.regimes import regime_table
+    from studies.regimes import regime_table
 
     rows, best = compare_heads.summarise(RUNS)
     for name in ("scratch", "finetune"):

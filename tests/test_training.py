@@ -142,7 +142,7 @@ def test_head_comparison_trains_each_head_and_writes_the_table(tmp_path):
     config = tmp_path / "compare.yaml"
     config.write_text(yaml.safe_dump({**TINY_LM, "max_train_samples": 40, "max_steps": 2, "eval_steps": 1,
                                       "head_options_by_head": {"bilinear": {}}, "output_dir": str(tmp_path / "out")}))
-    command = [sys.executable, str(ROOT / "training" / "compare_heads.py"), "--config", str(config), "--heads", "tied,bilinear"]
+    command = [sys.executable, str(ROOT / "studies" / "compare_heads.py"), "--config", str(config), "--heads", "tied,bilinear"]
     done = run(command, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = (tmp_path / "out" / "results.md").read_text()
@@ -154,9 +154,9 @@ def test_head_comparison_trains_each_head_and_writes_the_table(tmp_path):
 
 
 def test_reevaluate_reproduces_the_final_evaluation_of_a_saved_run(seq2seq_run):
-    """training/reevaluate.py loads the saved model as it is (no conversion) with the run's
+    """studies/reevaluate.py loads the saved model as it is (no conversion) with the run's
     own data options: with no new options it reproduces the run's final evaluation."""
-    from training.reevaluate import reevaluate
+    from studies.reevaluate import reevaluate
 
     out, _ = seq2seq_run
     again = reevaluate(out, [], config=out.parent / "run.yaml")

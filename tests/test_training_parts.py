@@ -137,6 +137,20 @@ def test_stdlib_restore_pairs_join_wrapped_lines_and_keep_each_sentence_once():
                                {"source": "see the m g function please for more",
                                 "target": "See the M.g function, please, for more."}]
     assert splits["validation"] == []  # the same sentence in another split would leak
+    short = restore_records(records, max_words=8)  # `restore_short` keeps the sentences of 6 to 16 words
+    assert [pair["target"] for pair in short["train"]] == ["Return the value of x, rounded.",
+                                                           "See the M.g function, please, for more."][:1]
+
+
+def test_stdlib_restore_short_is_restore_without_the_long_sentences():
+    from training.stdlib_corpus import RESTORE_MAX_WORDS, TASKS
+
+    assert RESTORE_MAX_WORDS == {"restore": 30, "restore_short": 16} and set(RESTORE_MAX_WORDS) <= set(TASKS)
+    text = build_records_isolated("text")
+    full, short = restore_records(text), restore_records(text, RESTORE_MAX_WORDS["restore_short"])
+    for split in ("train", "validation"):
+        assert short[split] == [pair for pair in full[split] if len(pair["target"].split()) <= 16]
+    assert len(short["train"]) > 2000 and len(short["validation"]) > 200  # enough for the quickstart
 
 
 def test_metric_modules_load_offline():
@@ -237,7 +251,11 @@ def test_pretrained_checkpoint_is_converted_with_the_configured_head(tmp_path):
         build_model(options(pretrained=str(tmp_path), model_preset="gpt2-tiny"), tokenizer)
 
 
-@pytest.mark.parametrize("config", sorted(Path(__file__).resolve().parents[1].glob("training/configs/*.yaml")), ids=lambda p: p.name)
+SHIPPED_CONFIGS = sorted(path for folder in ("training/configs", "studies/configs")
+                         for path in (Path(__file__).resolve().parents[1] / folder).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", SHIPPED_CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_parse_and_name_valid_head_options(config):
     from hf_outheads import get_head_class
 
@@ -337,7 +355,7 @@ def test_the_cards_usage_code_generates_the_cards_sample(tmp_path, capsys):
 def test_card_prose_of_every_built_in_task_reads():
     from training.publish import dataset_description
 
-    for config, task in (("text", "causal_lm"), ("summary", "seq2seq"), ("restore", "seq2seq")):
+    for config, task in (("text", "causal_lm"), ("summary", "seq2seq"), ("restore", "seq2seq"), ("restore_short", "seq2seq")):
         prose = dataset_description(options(dataset_name="stdlib_docstrings", dataset_config=config, task=task))[1]
         assert "Python standard library" in prose and " for of " not in prose and prose.endswith(".")
 

@@ -8,6 +8,8 @@ identity. A checkpoint is saved into `checkpoints/tmp-checkpoint_<step>`, comple
 `checkpoint.json`, then renamed (`os.replace`); only then are the oldest complete checkpoints
 beyond `save_total_limit` deleted. A folder without `checkpoint.json` (a save killed half-way,
 a stale `tmp-*`) is never resumed from and never counts towards the limit.
+Rotation is ours, not `ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=...)`:
+accelerate saves in place and deletes by folder count, so a killed save would be resumed from.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from hf_outheads import IGNORE_INDEX, next_token_labels
 
-METRICS_DIR = Path(__file__).resolve().parent / "metrics"
+METRICS_DIR = Path(__file__).resolve().parent / "metrics"  # local: evaluate.load("sacrebleu") downloads (fails offline)
 # metric module -> the result keys reported (as `eval_<key>`; `score` becomes the module name)
 METRIC_KEYS = {"sacrebleu": ("score",), "chrf": ("score",), "rouge": ("rouge1", "rouge2", "rougeL", "rougeLsum")}
 # every reported score is on sacrebleu's 0-100 scale; rouge-score gives F-measures in 0-1

@@ -4,6 +4,8 @@ Each window's loss is the token mean over the whole window (and over every proce
 transformers' Trainer computes it: the model gets `num_items_in_batch`, the window's label
 tokens summed over processes, and returns `sum of NLL / num_items_in_batch` per micro-batch.
 A head's auxiliary loss (DOC) is averaged over the window's micro-batches.
+Hand-written rather than `accelerator.accumulate`: that divides each micro-batch's loss by the
+step count (a mean of micro-batch means), while a token mean needs the window's label count first.
 """
 
 from __future__ import annotations

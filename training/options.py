@@ -36,7 +36,7 @@ class TrainOptions:
     dropout: float | None = opt(None, "Set every dropout probability of the backbone to this value (0 for exact resumption).")
     head_type: str | None = opt("tied", "Output head (a key of hf_outheads.HEAD_CLASSES); null keeps a pretrained model's head form.")
     head_options: dict = opt({}, "The head's hyper-parameters; omitted ones take the head's defaults (hf_outheads, "
-                             "chosen by measurement: training/results/ablations_*.md).")
+                             "chosen by measurement: studies/results/ablations_*.md).")
     head_options_by_head: dict = opt({}, "Options per head type, {head_type: {option: value}}, used for the chosen head "
                                      "under head_options (lets compare_heads.py run several heads from one file).")
     # data

@@ -1,5 +1,7 @@
 """Run bookkeeping: the JSONL metrics log (plus TensorBoard when installed) and the training
-progress saved as JSON inside every checkpoint (`checkpoints.py`)."""
+progress saved as JSON inside every checkpoint (`checkpoints.py`). The JSONL log is ours because
+accelerate's trackers (TensorBoard, W&B, ...) write no plain file that the card, the comparison
+tables and the resumption (`truncate_after`) can read back; TensorBoard goes through `accelerator.log`."""
 
 from __future__ import annotations
 

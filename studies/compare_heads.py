@@ -1,0 +1,156 @@
+"""Which head helps on my data? Train the same backbone on the same data and budget once per
+head (or head variant) and seed, and tabulate validation perplexity (BLEU/chrF for seq2seq)
+as mean ± std over seeds, the learning curves, and perplexity against training seconds.
+
+    python studies/compare_heads.py --config studies/configs/compare_stdlib_lm.yaml \\
+        --heads tied,drill,mos --seeds 1,2,3 --jobs 2 --output_dir outputs/compare
+
+`--heads` lists run names. A name is a head type, or a key of the config's
+`head_options_by_head` whose options hold `head_type` (a variant, e.g.
+`mos-paper: {head_type: mos, latent_init: uniform}`). Every (name, seed) run is a separate
+`accelerate launch training/train.py` in `<output_dir>/<name>/seed<seed>/`; a run whose
+results exist is reused, so a killed comparison resumes where it stopped. With `--jobs N`,
+N runs train at once, each with `cores / N` torch threads. Written: `results.md`,
+`results.json`, `curves.png` (perplexity per evaluation, mean and range over seeds) and
+`walltime.png` (the same against cumulated training seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training`, `studies` importable when run as a script
+
+import yaml
+
+from studies.comparison_tables import METRICS, curve_table, main_metric, markdown_table, summarise
+from training.options import check_values, parse_options
+from training.tracking import RESULTS_FILE, read_metrics
+
+TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "training" / "train.py"
+
+
+def add_flags(parser):
+    parser.add_argument("--heads", required=True, help="Comma-separated run names: head types or variants (see above).")
+    parser.add_argument("--seeds", default=None, help="Comma-separated seeds (default: the config's seed).")
+    parser.add_argument("--jobs", type=int, default=1, help="Runs trained at once (each gets cores / jobs threads).")
+    parser.add_argument("--launch_args", default="--num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no",
+                        help="Arguments for `accelerate launch` before the script (quote them as one string).")
+    parser.add_argument("--no_plot", action="store_true", help="Skip the plots even if matplotlib is installed.")
+
+
+def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
+    """name -> (head type, head options); a head type or option train.py would refuse fails here,
+    before anything trains (`training.options.check_values`, `HeadOptions.from_dict`)."""
+    from hf_outheads import get_head_class
+
+    specs, unknown, errors = {}, [], []
+    for name in names:
+        entry = dict(options.head_options_by_head.get(name, {}))
+        specs[name] = (entry.pop("head_type", name), {**entry, **options.head_options})
+        try:
+            check_values(dataclasses.replace(options, head_type=specs[name][0]))
+        except ValueError as error:
+            unknown.append(specs[name][0])
+            errors.append(str(error))
+    if unknown:
+        raise SystemExit(f"Head(s) {sorted(set(unknown))} are not registered: {errors[0]} A variant name needs "
+                         "`head_type` in head_options_by_head.")
+    # every option spelt out (the head's current defaults under the given ones), so that a run
+    # trained under other defaults is not reused
+    return {name: (head, dataclasses.asdict(get_head_class(head).Options.from_dict(given)))
+            for name, (head, given) in specs.items()}
+
+
+def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: str, threads: int) -> dict:
+    """Train one (name, seed) in a subprocess, or reuse its finished results."""
+    run_dir = Path(options.output_dir) / name / f"seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    config.update(head_type=spec[0], head_options=spec[1], head_options_by_head={}, seed=seed,
+                  output_dir=str(run_dir), resume="never", push_to_hub=False)
+    text = yaml.safe_dump(config, sort_keys=False)
+    config_path, results_path = run_dir / "train_config.yaml", run_dir / RESULTS_FILE
+    # the same options in another order (a refactor of an options class) are the same run
+    if results_path.exists() and config_path.exists() and yaml.safe_load(config_path.read_text()) == yaml.safe_load(text):
+        print(f"=== {name} seed {seed}: reusing {results_path}", flush=True)
+    else:
+        results_path.unlink(missing_ok=True)
+        config_path.write_text(text)
+        command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), str(TRAIN_SCRIPT),
+                   "--config", str(config_path)]
+        print(f"=== {name} seed {seed}: {' '.join(command)}", flush=True)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+        with (run_dir / "train.log").open("w") as log:
+            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if done.returncode != 0:
+            tail = (run_dir / "train.log").read_text().strip().splitlines()[-5:]
+            print(f"=== {name} seed {seed} failed:\n" + "\n".join(tail), flush=True)
+            return {"name": name, "seed": seed, "error": tail[-1] if tail else f"exit code {done.returncode}"}
+    curve = [{k: r[k] for k in ("step", "train_seconds", "train_flops", *dict(METRICS)) if k in r}
+             for r in read_metrics(run_dir) if any(m in r for m in dict(METRICS))]
+    run = {"name": name, "head": spec[0], "head_options": spec[1], "seed": seed,
+           **json.loads(results_path.read_text()), "curve": curve}
+    return fill_flops(run, run_dir, options)
+
+
+def fill_flops(run: dict, run_dir: Path, options) -> dict:
+    """A run trained before FLOPs were logged: its per-step FLOPs from its saved model config
+    (built on the meta device), and `train_flops` at every evaluation of its curve."""
+    if "error" in run or "train_flops_per_step" in run or not (run_dir / "config.json").exists():
+        return run
+    import torch
+    from transformers import AutoConfig
+
+    from training.modeling import model_class, step_flops
+
+    with torch.device("meta"):
+        model = model_class(options.task)(AutoConfig.from_pretrained(run_dir))
+    per_step = step_flops(model, options, 1)
+    run["train_flops_per_step"], run["train_flops"] = per_step, per_step * run["curve"][-1]["step"]
+    for point in run["curve"]:
+        point["train_flops"] = per_step * point["step"]
+    return run
+
+
+def main(argv=None):
+    options = parse_options(argv, description=__doc__, extra=add_flags)
+    extra = options.extra
+    names = [h.strip() for h in extra["heads"].split(",") if h.strip()]
+    seeds = [int(s) for s in extra["seeds"].split(",")] if extra["seeds"] else [options.seed]
+    specs = run_specs(options, names)
+    jobs = max(1, extra["jobs"])
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    output_dir = Path(options.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = list(pool.map(lambda job: run_one(options, job[0], specs[job[0]], job[1], extra["launch_args"], threads),
+                             [(name, seed) for name in names for seed in seeds]))
+    rows, best = summarise(runs)
+    command = "python " + " ".join(shlex.quote(a) for a in (sys.argv if argv is None else [__file__, *argv]))
+    metric = main_metric(rows)
+    text = (f"Command: `{command}`\n\nSeeds: {seeds}. Differences against the best plain head (`{best}`, the better "
+            f"of `tied` and `linear`) are of the means; \"better at seeds\" pairs each seed with its run.\n\n"
+            f"{markdown_table(rows, best)}\nMean {metric} at every evaluation:\n\n{curve_table(runs, metric)}")
+    (output_dir / "results.md").write_text(text)
+    (output_dir / "results.json").write_text(json.dumps({"command": command, "seeds": seeds, "best_plain": best,
+                                                          "rows": rows,
+                                                          "runs": runs}, indent=1) + "\n")
+    if not extra["no_plot"]:
+        from studies.study_plots import plot_curves
+
+        plot_curves(runs, output_dir, metric)
+    print(text)
+    print(f"Written: {output_dir / 'results.md'}, {output_dir / 'results.json'}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

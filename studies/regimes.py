@@ -1,0 +1,56 @@
+"""One table over several head comparisons (`compare_heads.py` output folders): for every head,
+its change against the best plain head of each comparison at equal steps (with the seeds at which
+it was better), at equal training FLOPs, and on the rare-word band.
+
+    python studies/regimes.py studies/results/compare_stdlib_lm studies/results/compare_finetune_stdlib ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def cell(row: dict, metric: str) -> str:
+    if f"{metric}_vs_best_plain" not in row:
+        return ""
+    text = f"{100 * row[f'{metric}_vs_best_plain']:+.1f}%"
+    if "seeds_better" in row:
+        text += " ({}/{})".format(*row["seeds_better"])
+    return text
+
+
+def regime_table(folders: list[Path]) -> str:
+    """Markdown: one column group per comparison, one row per run name."""
+    results = [(folder, json.loads((folder / "results.json").read_text())) for folder in folders]
+    names = list(dict.fromkeys(row["name"] for _, result in results for row in result["rows"]))
+    header = ["head"]
+    for folder, result in results:
+        best = result.get("best_plain", "?")
+        header += [f"{folder.name}: vs {best}, equal steps (seeds better)", "equal FLOPs", "rare words"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        cells = [name]
+        for _, result in results:
+            row = next((r for r in result["rows"] if r["name"] == name), None)
+            if row is None:
+                cells += ["", "", ""]
+                continue
+            metric = "eval_perplexity" if "eval_perplexity" in row else "eval_sacrebleu"
+            equal = row.get("equal_flops")
+            rare = row.get("bands_vs_best_plain", {}).get("rare")
+            cells += [cell(row, metric), f"{100 * equal['vs_best_plain']:+.1f}%" if equal else "",
+                      f"{100 * rare:+.1f}%" if rare is not None else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", type=Path, help="compare_heads.py output folders (with results.json)")
+    print(regime_table(parser.parse_args(argv).folders))
+
+
+if __name__ == "__main__":
+    main()
