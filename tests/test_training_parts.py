@@ -137,9 +137,8 @@ def test_stdlib_restore_pairs_join_wrapped_lines_and_keep_each_sentence_once():
                                {"source": "see the m g function please for more",
                                 "target": "See the M.g function, please, for more."}]
     assert splits["validation"] == []  # the same sentence in another split would leak
-    short = restore_records(records, max_words=8)  # `restore_short` keeps the sentences of 6 to 16 words
-    assert [pair["target"] for pair in short["train"]] == ["Return the value of x, rounded.",
-                                                           "See the M.g function, please, for more."][:1]
+    short = restore_records(records, max_words=6)  # a 7-word sentence is dropped
+    assert [pair["target"] for pair in short["train"]] == ["Return the value of x, rounded."]
 
 
 def test_stdlib_restore_short_is_restore_without_the_long_sentences():

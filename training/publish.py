@@ -82,6 +82,8 @@ STDLIB_TASKS = {  # stdlib_docstrings config -> what the run learnt
                "signature, on the Python standard library",
     "restore": "restoring the case and punctuation of the sentences of the Python standard library's docstrings "
                "(the source is the sentence lowercased, without punctuation)",
+    "restore_short": "restoring the case and punctuation of the short sentences (6 to 16 words) of the Python "
+                     "standard library's docstrings (the source is the sentence lowercased, without punctuation)",
 }
 
 

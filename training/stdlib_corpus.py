@@ -14,6 +14,9 @@ Two tasks are built from it at run time, with no download:
   - `restore`: case and punctuation restoration of the docstrings' sentences (the man-pages
     corpus's `restore` task, `manpages_corpus.restore_pairs`, on each docstring's paragraphs
     joined into lines); each target once.
+  - `restore_short`: `restore` on the sentences of 6 to 16 words only. A tiny model trained
+    from scratch learns it within the quickstart's minute (it first has to learn to copy
+    its source, and short sentences are copied sooner).
 
 Only an allowlist of modules is imported: importing arbitrary stdlib modules can open a
 window (turtle, tkinter, idlelib), a browser (antigravity) or print (this). The walk runs
@@ -134,8 +137,13 @@ def build_records_isolated(task: str, validation_percent: int = 10) -> dict[str,
     return json.loads(done.stdout)
 
 
-def restore_records(text_records: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """The `restore` task's splits from the `text` task's (same split of each docstring)."""
+RESTORE_MAX_WORDS = {"restore": 30, "restore_short": 16}  # config -> longest sentence kept (words)
+TASKS = ("text", "summary", *RESTORE_MAX_WORDS)
+
+
+def restore_records(text_records: dict[str, list[dict]], max_words: int = 30) -> dict[str, list[dict]]:
+    """The `restore` task's splits from the `text` task's (same split of each docstring),
+    sentences of 6 to `max_words` words."""
     from .manpages_corpus import restore_pairs
 
     splits, targets = {}, set()
@@ -144,7 +152,7 @@ def restore_records(text_records: dict[str, list[dict]]) -> dict[str, list[dict]
         for row in rows:
             header, _, doc = row["text"].partition("\n")
             paragraphs = [" ".join(paragraph.split()) for paragraph in doc.split("\n\n")]
-            for pair in restore_pairs("\n".join([header, *paragraphs])):
+            for pair in restore_pairs("\n".join([header, *paragraphs]), max_words=max_words):
                 if pair["target"] not in targets:  # a repeated sentence would leak across splits
                     targets.add(pair["target"])
                     splits[split].append(pair)
@@ -153,14 +161,15 @@ def restore_records(text_records: dict[str, list[dict]]) -> dict[str, list[dict]
 
 def load_stdlib_dataset(task: str, validation_percent: int = 10):
     """The corpus as a `datasets.DatasetDict` with `train` and `validation` splits
-    (`task`: 'text', 'summary' or 'restore')."""
+    (`task`: one of `TASKS`)."""
     from datasets import Dataset, DatasetDict
 
-    if task not in ("text", "summary", "restore"):
-        raise ValueError(f"Unknown stdlib_docstrings task {task!r}: use 'text', 'summary' or 'restore'.")
-    records = build_records_isolated("text" if task == "restore" else task, validation_percent)
-    if task == "restore":
-        records = restore_records(records)
+    if task not in TASKS:
+        raise ValueError(f"Unknown stdlib_docstrings task {task!r}: use one of {', '.join(map(repr, TASKS))}.")
+    restore = task in RESTORE_MAX_WORDS
+    records = build_records_isolated("text" if restore else task, validation_percent)
+    if restore:
+        records = restore_records(records, RESTORE_MAX_WORDS[task])
     return DatasetDict({split: Dataset.from_list(rows) for split, rows in records.items()})
 
 
