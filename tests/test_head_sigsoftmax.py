@@ -15,7 +15,8 @@ from tiny import tiny_config, tiny_model, tiny_original
 
 def head(kind=SigSoftmaxHead, options=SigSoftmaxOptions, d=4, vocab=50, **values):
     torch.manual_seed(0)
-    h = kind(options(**values), HeadDims(vocab_size=vocab, embed_dim=d, hidden_dim=d, num_layers=2))
+    dims = HeadDims(vocab_size=vocab, embed_dim=d, hidden_dim=d, num_layers=2)
+    h = kind(options(**values).resolve(dims), dims)
     h.reset_parameters()
     with torch.no_grad():
         h.weight.normal_(0, 1.0)
