@@ -20,6 +20,7 @@ scores is not their softmax), and no plain LM head computes it, so it has no pla
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -29,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, nll_sum_from_logits
 from .head_linear import LinearHead, LinearOptions
 from .losses import default_chunk_rows, is_traced
-from .options import HeadDims
+from .options import choice
 
 
 def sigsoftmax_scores(z: torch.Tensor) -> torch.Tensor:
@@ -58,12 +59,13 @@ def chunked_sigsoftmax_nll(x, weight, bias, labels) -> torch.Tensor:
     return total
 
 
+@dataclass
 class SigSoftmaxOptions(LinearOptions):
+    """training_loss: "full" or "chunked" (sampled softmax's correction assumes a softmax)."""
+
     head_type: ClassVar[str] = "sigsoftmax"
 
-    def complete(self, dims: HeadDims) -> None:
-        if self.training_loss == "sampled":
-            self.fail("training_loss 'sampled' is a softmax's approximation; use 'full' or 'chunked'.")
+    training_loss: str = choice("full", ("full", "chunked"))
 
 
 class SigSoftmaxHead(LinearHead):

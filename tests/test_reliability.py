@@ -3,6 +3,7 @@ positions, word counts, loaded code tables, incomplete configs, generation lengt
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,9 +17,15 @@ from hf_outheads.head_catalog import get_head_class
 from head_cases import HEAD_CASES
 from tiny import VOCAB, tiny_config, tiny_model, tiny_original
 
-LOSSES = ("full", "chunked", "sampled")
-LOSS_CASES = [(head, loss) for head in sorted(HEAD_CASES)
-              for loss in (LOSSES if issubclass(get_head_class(head), SoftmaxHead) else (None,))]
+def training_losses(head: str) -> tuple:
+    """The `training_loss` values a single-softmax head's options declare; (None,) for the others."""
+    if not issubclass(get_head_class(head), SoftmaxHead):
+        return (None,)
+    field = next(f for f in dataclasses.fields(get_head_class(head).Options) if f.name == "training_loss")
+    return field.metadata["spec"].choices
+
+
+LOSS_CASES = [(head, loss) for head in sorted(HEAD_CASES) for loss in training_losses(head)]
 
 
 def ids(length=7):
