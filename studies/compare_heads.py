@@ -133,17 +133,21 @@ def main(argv=None):
     with ThreadPoolExecutor(jobs) as pool:
         runs = list(pool.map(lambda job: run_one(options, job[0], specs[job[0]], job[1], extra["launch_args"], threads),
                              [(name, seed) for name in names for seed in seeds]))
-    rows, best = summarise(runs)
     command = "python " + " ".join(shlex.quote(a) for a in (sys.argv if argv is None else [__file__, *argv]))
+    return write_results(output_dir, command, seeds, runs, plot=not extra["no_plot"])
+
+
+def write_results(output_dir: Path, command: str, seeds: list[int], runs: list[dict], plot: bool = True) -> list[dict]:
+    """`results.md`, `results.json` and the plots of a comparison's runs (also `regimes.py --retabulate`)."""
+    rows, best = summarise(runs)
     metric = main_metric(rows)
     text = (f"Command: `{command}`\n\nSeeds: {seeds}. Differences against the best plain head (`{best}`, the better "
             f"of `tied` and `linear`) are of the means; \"better at seeds\" pairs each seed with its run.\n\n"
             f"{markdown_table(rows, best)}\nMean {metric} at every evaluation:\n\n{curve_table(runs, metric)}")
     (output_dir / "results.md").write_text(text)
     (output_dir / "results.json").write_text(json.dumps({"command": command, "seeds": seeds, "best_plain": best,
-                                                          "rows": rows,
-                                                          "runs": runs}, indent=1) + "\n")
-    if not extra["no_plot"]:
+                                                          "rows": rows, "runs": runs}, indent=1) + "\n")
+    if plot:
         from studies.study_plots import plot_curves
 
         plot_curves(runs, output_dir, metric)

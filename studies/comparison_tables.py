@@ -107,7 +107,7 @@ def markdown_table(rows: list[dict], best: str | None) -> str:
     title = dict(METRICS)[metric]
     header = ["run", "head", "seeds", f"{title} (mean ± std)", f"vs best plain ({best})", "better at seeds",
               f"{title} at equal FLOPs", "vs best plain at equal FLOPs", *[f"{b} words" for b in BANDS],
-              "train PFLOP", "parameters", "head parameters", "step time (s)"]
+              "train TFLOP", "parameters", "head parameters", "step time (s)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         if "parameters" not in row:
@@ -122,11 +122,11 @@ def markdown_table(rows: list[dict], best: str | None) -> str:
                  pct(row.get(f"{metric}_vs_best_plain")),
                  "{}/{}".format(*row["seeds_better"]) if "seeds_better" in row else "",
                  f"{equal['value']:.2f}" if equal else "", pct(equal["vs_best_plain"]) if equal else "", *bands,
-                 f"{row['train_flops'] / 1e15:.3f}" if "train_flops" in row else "",
+                 f"{row['train_flops'] / 1e12:.2f}" if "train_flops" in row else "",
                  f"{row['parameters']:,}", f"{row['head_parameters']:,}", f"{row['train_step_time_s']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     budget = next((r["equal_flops"]["budget"] for r in rows if "equal_flops" in r), None)
-    note = (f"\nEqual FLOPs: each run's curve interpolated at {budget / 1e15:.3f} PFLOP, the smallest training budget "
+    note = (f"\nEqual FLOPs: each run's curve interpolated at {budget / 1e12:.2f} TFLOP, the smallest training budget "
             "of any row.\n") if budget else ""
     return "\n".join(lines) + "\n" + note
 

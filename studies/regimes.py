@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `studies` importable when run as a script
 
 
 def cell(row: dict, metric: str) -> str:
@@ -46,10 +49,25 @@ def regime_table(folders: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def retabulate(folder: Path) -> None:
+    """Rewrite a comparison's results.md, results.json and plots from the runs in its results.json
+    (after a change of the tables; nothing is trained)."""
+    from studies.compare_heads import write_results
+
+    saved = json.loads((folder / "results.json").read_text())
+    write_results(folder, saved["command"], saved["seeds"], saved["runs"])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path, help="compare_heads.py output folders (with results.json)")
-    print(regime_table(parser.parse_args(argv).folders))
+    parser.add_argument("--retabulate", action="store_true", help="First rewrite each folder's tables and plots "
+                        "from its results.json with the current code.")
+    args = parser.parse_args(argv)
+    if args.retabulate:
+        for folder in args.folders:
+            retabulate(folder)
+    print(regime_table(args.folders))
 
 
 if __name__ == "__main__":

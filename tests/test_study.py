@@ -188,3 +188,12 @@ def test_regime_table_puts_each_comparison_beside_the_others(tmp_path):
     table = regime_table([tmp_path / "scratch", tmp_path / "finetune"])
     assert "scratch: vs linear, equal steps (seeds better)" in table
     assert "| mos | -2.2% (1/2) | +54.3% | -25.0% | -2.2% (1/2) | +54.3% | -25.0% |" in table
+
+
+def test_retabulate_rewrites_the_tables_from_the_saved_runs(tmp_path):
+    from studies.regimes import retabulate
+
+    (tmp_path / "results.json").write_text(json.dumps({"command": "python x", "seeds": [1, 2], "runs": RUNS}))
+    retabulate(tmp_path)
+    assert "| mos | mos | 2 | 45.00 ± 1.41 | -2.2% | 1/2 |" in (tmp_path / "results.md").read_text()
+    assert json.loads((tmp_path / "results.json").read_text())["best_plain"] == "linear"
