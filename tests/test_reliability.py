@@ -130,6 +130,7 @@ def test_composite_config_answers_backbone_attributes_but_not_generation_paramet
     assert config._get_generation_parameters() == {}
 
 
+@pytest.mark.filterwarnings("ignore:Using the model-agnostic default `max_length`:UserWarning")  # the case under test
 def test_default_length_generation_stops_where_the_backbone_positions_end():
     original = tiny_original("gpt2")
     model = OutHeadsForCausalLM.from_backbone(original).eval()

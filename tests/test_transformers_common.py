@@ -122,6 +122,8 @@ def text_config(backbone: str):
 class Tester:
     """transformers' `model_tester` for one wrapped backbone and head."""
 
+    __test__ = False  # a helper, not a pytest test class
+
     batch_size, seq_length, vocab_size, hidden_size = 2, 7, 99, 32
     num_hidden_layers, num_attention_heads, is_training = 2, 4, True
 

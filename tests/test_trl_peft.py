@@ -21,8 +21,13 @@ from head_cases import HEAD_CASES  # noqa: E402
 from tiny import VOCAB, batch, tiny_model  # noqa: E402
 
 HEADS = sorted(HEAD_CASES)
+# TRL 1.16's trainers call transformers' deprecated `gradient_checkpointing_*` / `is_gradient_checkpointing`
+# names on the model (inherited from PreTrainedModel): their warnings are TRL's, not this package's
+pytestmark = pytest.mark.filterwarnings("ignore:`(is_)?gradient_checkpointing\\w*` is deprecated:FutureWarning")
+
 TRAINING = dict(max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2, report_to=[], save_strategy="no",
-                logging_steps=1, use_cpu=True, bf16=False, disable_tqdm=True, seed=0)
+                logging_steps=1, use_cpu=True, bf16=False, disable_tqdm=True, seed=0,
+                activation_checkpointing=True)  # TRL's default, under its current name (not the deprecated one)
 
 
 @pytest.fixture(scope="module")
