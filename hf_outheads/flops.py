@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from .backbones import num_layers
+
 
 def _matmul_parameters(module: nn.Module) -> int:
     """Parameters of `module` used in matrix products per token: every >= 2-d weight except
@@ -43,13 +45,11 @@ def training_flops_per_step(model, target_tokens: int, target_context: int, sour
     width = _width(config)
     if getattr(config, "is_encoder_decoder", False):
         encoder, decoder = backbone.get_encoder(), backbone.get_decoder()
-        enc_layers = getattr(config, "encoder_layers", None) or getattr(config, "num_layers", 0)
-        dec_layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or enc_layers
+        enc_layers = getattr(config, "encoder_layers", None) or getattr(config, "num_layers")
         forward = _stack_flops(encoder, enc_layers, width, source_tokens, source_context)
         # decoder: self-attention over the target and cross-attention over the source
-        forward += _stack_flops(decoder, dec_layers, width, target_tokens, target_context + source_context)
+        forward += _stack_flops(decoder, num_layers(config), width, target_tokens, target_context + source_context)
     else:
-        layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
-        forward = _stack_flops(backbone, layers, width, target_tokens, target_context)
+        forward = _stack_flops(backbone, num_layers(config), width, target_tokens, target_context)
     forward += model.head.forward_flops(target_tokens)
     return 3 * int(forward)

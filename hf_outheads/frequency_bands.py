@@ -81,9 +81,9 @@ def frequency_band_perplexity(model, batches: Iterable[dict], word_counts, edges
                               names: Sequence[str] = DEFAULT_NAMES) -> dict[str, dict]:
     """Perplexity per training-frequency band of any causal LM or seq2seq model (an `OutHeads*`
     model or a plain transformers one) over `batches` of `input_ids`, `labels` (-100 skipped)
-    and optionally `attention_mask`. Causal LMs predict the next token of each prefix (labels
-    are the inputs, shifted by `next_token_labels`, as transformers' causal LM loss); seq2seq models score `labels` with the
-    decoder inputs `model.prepare_decoder_input_ids_from_labels(labels)`."""
+    and optionally `attention_mask`. Causal LMs predict the next token of each prefix (labels are
+    the inputs, shifted by `next_token_labels`, as transformers' causal LM loss); seq2seq models
+    score `labels` with the decoder inputs `model.prepare_decoder_input_ids_from_labels(labels)`."""
     bands = FrequencyBands(word_counts, edges, names)
     was_training = model.training
     model.eval()
