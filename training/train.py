@@ -274,7 +274,19 @@ def training_function(options) -> dict:
         finish_run(accelerator.unwrap_model(run.model), run.tokenizer, options, results, state_dict)
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    if accelerator.num_processes > 1:
+        exit_without_teardown()
     return results
+
+
+def exit_without_teardown() -> None:
+    """End a worker of a multi-process run once everything is written and the process group is
+    destroyed (`end_training`), skipping the teardown of the distributed objects: freeing them
+    after the peers have gone sporadically hung in gloo's destructors (CI, in a two-process run
+    whose files were all written; pytorch/pytorch#75097), which a run then never finishes."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv=None):
