@@ -25,11 +25,11 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, nll_sum_from_logits
 from .head_linear import LinearHead, LinearOptions
-from .losses import default_chunk_rows, is_traced
+from .losses import default_chunk_rows
+from .mixture import over_row_chunks
 from .options import choice
 
 
@@ -39,24 +39,19 @@ def sigsoftmax_scores(z: torch.Tensor) -> torch.Tensor:
     return z + F.logsigmoid(z)
 
 
-def _chunk_nll(x, weight, bias, labels):
-    return F.cross_entropy(sigsoftmax_scores(F.linear(x, weight, bias)), labels, ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+def _rows_nll(x, labels, weight, bias):
+    """Per-row NLL `(rows, 1)` (0 where ignored) of one chunk of rows."""
+    scores = sigsoftmax_scores(F.linear(x, weight, bias))
+    return F.cross_entropy(scores, labels, ignore_index=IGNORE_INDEX, reduction="none").unsqueeze(-1)
 
 
 def chunked_sigsoftmax_nll(x, weight, bias, labels) -> torch.Tensor:
-    """Summed NLL of `labels` over row chunks of `x (..., d)`, each chunk checkpointed under
-    autograd (its scores recomputed in backward); one call when traced."""
+    """Summed NLL of `labels` over row chunks of `x (..., d)` (`mixture.over_row_chunks`: each
+    chunk checkpointed under autograd, its scores recomputed in backward; one call when traced)."""
     x, labels = x.reshape(-1, x.shape[-1]), labels.reshape(-1)
-    rows = default_chunk_rows(weight.shape[0])
-    if is_traced() or x.shape[0] <= rows:
-        return _chunk_nll(x, weight, bias, labels)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    total = x.new_zeros((), dtype=torch.float32)
-    for start in range(0, x.shape[0], rows):
-        args = (x[start:start + rows], weight, bias, labels[start:start + rows])
-        total = total + (checkpoint(_chunk_nll, *args, use_reentrant=False) if grad else _chunk_nll(*args))
-    return total
+    rows = default_chunk_rows(weight.shape[0])
+    return over_row_chunks(_rows_nll, (x, labels), (weight, bias), rows, grad, 1).sum()
 
 
 @dataclass
