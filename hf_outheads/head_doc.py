@@ -13,7 +13,8 @@ Options (defaults):
     With every component on the last layer, `doc` is `mos` (same parameter names and values).
   - `regularizer_weight` = 0.001: lambda of Eq. 12-13 (best in Table 3).
   - `middle_layer_norm` = True: middle-layer states go through a parameter-free layer norm.
-  - `latent_dim`, `tied`, `latent_activation`, `latent_init`, `map_scale`, `latent_dropout`, `dropout_kind`:
+  - `latent_dim`, `tied`, `latent_activation`, `latent_init`, `latent_init_noise`, `map_scale`,
+    `latent_dropout`, `dropout_kind`:
     as `mos`, with `mos`'s measured defaults (own output matrix, identity latents started at
     `I`, uniform prior; departure from the paper's tanh latents and tied E, see `head_mos`).
     `dropout_kind="locked"` draws one mask per sequence shared by all components and time steps

@@ -14,13 +14,17 @@ Options (defaults):
   - `latent_dim` = None (the embedding width d; must be d when `tied`).
   - `tied` = False, `latent_activation` = "identity", `latent_init` = "identity": the
     components score with their own `|V| x d` matrix `W` (N(0, 0.02^2)), latents
-    `k_j = W_j h + b_j` start at `W_j = I + N(0, 0.02^2)`, `b_j = 0`, and the prior at a uniform
+    `k_j = W_j h + b_j` start at `W_j = I + N(0, latent_init_noise^2)`, `b_j = 0`, and the prior at a uniform
     `pi` (`W_pi = 0`). Departure, chosen by measurement: MoS as published
     (`tied=True`, `latent_activation="tanh"`, `latent_init="uniform"`: torch's Linear init)
     trains to a much worse model than the tied head on a from-scratch transformer LM:
     tanh bounds the latents that replace the backbone's unbounded final-norm state, and E at
     a transformer's init (N(0, 0.02^2)) scores flatter than the reference's uniform(-0.1, 0.1).
     Identity latents also make a converted pretrained LM exact (`MixtureHead.init_from_lm_head`).
+  - `latent_init_noise` = 0.02: std of the noise on the identity maps (on the effective maps,
+    whatever `map_scale`); it lets identical components drift apart (with 0 and the uniform
+    prior they stay identical: the head is `linear`). Not used when converting (the
+    components start exactly at the original head; a random prior separates them).
   - `map_scale` = None: 0.01 from scratch, 1 when converted from a trained head. Each latent map
     is stored as `W_j = (1 - s) I + s A_j`, so under Adam it moves s times as far per step as a
     plain parameter (as `bilinear`/`joint`'s `map_scale`). Departure, chosen by measurement: with

@@ -18,7 +18,6 @@ from .options import HeadDims, HeadOptions, choice, flag, integer, number, proba
 
 ACTIVATIONS = ("tanh", "identity")
 LATENT_INITS = ("identity", "uniform")
-IDENTITY_INIT_STD = 0.02  # noise on `W_n = I` that lets identical components drift apart
 DROPOUT_KINDS = ("locked", "standard")
 
 
@@ -35,6 +34,8 @@ class MixtureOptions(HeadOptions):
     latent_dropout: float = probability(0.0)  # rate on the latents; MoS PTB 0.29, DOC 0.6 (heads' docstrings)
     dropout_kind: str = choice("locked", DROPOUT_KINDS)  # "locked": one mask per sequence for all steps
     latent_init: str = choice("identity", LATENT_INITS)  # "identity": W_n = I + noise; "uniform": reference
+    # std of that noise on the effective maps, which lets identical components drift apart
+    latent_init_noise: float = number(0.02, 0.0)
     # how far a step of the stored latent parameters moves the latent maps (`PriorAndLatents`);
     # 1: the plain form (None: `scratch_defaults` from scratch, `conversion_defaults` when converted)
     map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
@@ -97,7 +98,7 @@ class PriorAndLatents:
         return (1.0 - self.latent_scale) if self.options.latent_init == "identity" else 0.0
 
     def init_prior_and_latents(self, identity: bool) -> None:
-        """`identity`: every latent map starts at `I + N(0, 0.02^2)` (a component scores about
+        """`identity`: every latent map starts at `I + N(0, latent_init_noise^2)` (a component scores about
         what `tied` scores), latent biases and the prior at zero (a uniform prior). Otherwise the
         reference init: torch's default Linear init, uniform(+-1/sqrt(d_h)), for every parameter.
         The effective maps start the same whatever `map_scale` (the stored values are divided by it)."""
@@ -107,7 +108,7 @@ class PriorAndLatents:
             if self.prior is not None:
                 init.zeros_(self.prior.weight)
             for (_, count), linear in zip(self.groups, self.latents):
-                init.normal_(linear.weight, 0.0, IDENTITY_INIT_STD / scale)
+                init.normal_(linear.weight, 0.0, self.options.latent_init_noise / scale)
                 with torch.no_grad():
                     linear.weight.add_(eye.repeat(count, 1).to(linear.weight))
                 init.zeros_(linear.bias)

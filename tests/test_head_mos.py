@@ -137,7 +137,7 @@ def test_untied_latent_dim_and_saved_defaults():
     assert model.head.weight.shape == (99, 16) and model.head.latents[0].weight.shape == (3 * 16, 32)
     defaults = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos").head_options
     assert defaults == {"latent_dim": None, "tied": False, "latent_activation": "identity", "latent_dropout": 0.0,
-                        "dropout_kind": "locked", "latent_init": "identity", "map_scale": 0.01,
+                        "dropout_kind": "locked", "latent_init": "identity", "latent_init_noise": 0.02, "map_scale": 0.01,
                         "num_components": 15}
 
 
@@ -214,6 +214,22 @@ def test_map_scale_starts_the_same_function(latent_init):
     assert torch.allclose(latent_maps(models[0].head), latent_maps(models[1].head), atol=1e-6)
     with torch.no_grad():
         assert torch.allclose(models[0](input_ids=ids).logits, models[1](input_ids=ids).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.01])
+def test_latent_init_noise_is_the_effective_maps_spread_at_any_map_scale(scale):
+    """The identity maps' noise is `latent_init_noise` on the effective maps, whatever `map_scale`;
+    without noise every component is the identity, and under the uniform prior the mixture is the
+    single softmax over its own matrix (`linear` with the same `W` and bias)."""
+    for noise in (0.05, 0.0):
+        head = tiny_model("gpt2", "mos", {**OPTIONS, "map_scale": scale, "latent_init_noise": noise}).head
+        deviation = latent_maps(head) - torch.eye(head.latent_size, head.dims.hidden_dim).repeat(3, 1)
+        assert deviation.std().item() == pytest.approx(noise, rel=0.15, abs=1e-7)
+    hidden = torch.randn(2, 5, head.dims.hidden_dim)
+    with torch.no_grad():
+        logits = head(HeadInputs(hidden, torch.zeros(head.dims.vocab_size, head.dims.embed_dim))).logits
+        plain = torch.log_softmax(hidden @ head.weight.T + head.bias, dim=-1)
+    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
 
 
 def test_an_adam_step_moves_the_latent_maps_map_scale_times_as_far():
