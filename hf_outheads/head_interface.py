@@ -16,6 +16,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 import torch.nn.functional as F
+from transformers import initialization as init
 
 from .options import HeadDims, HeadOptions
 
@@ -181,6 +182,34 @@ class OutputHead(nn.Module):
                 rows = rows.clone()
                 store[name] = nn.Parameter(rows, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else rows
         self.dims = dataclasses.replace(self.dims, vocab_size=new_size)
+
+
+class OutputBias:
+    """Mixin of the heads whose scores end in a per-word bias `b` (the `output_bias` option): the
+    parameter `bias` (`|V|`, zeros from scratch; None with `output_bias=False`) and its conversion."""
+
+    def build_output_bias(self) -> None:
+        bias = nn.Parameter(torch.empty(self.dims.vocab_size)) if self.options.output_bias else None
+        self.register_parameter("bias", bias)  # `b`, per word; None with output_bias=False
+
+    def reset_bias(self) -> None:
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def copy_bias(self, bias: torch.Tensor) -> bool:
+        """Set `b` from a converted LM head's bias; False when this head has no bias and `bias`
+        is not constant (then the converted head cannot give the original's distribution)."""
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.copy_(bias)
+            return True
+        return bool((bias == bias.reshape(-1)[:1]).all())
+
+    def bias_or_zeros(self, like: torch.Tensor) -> torch.Tensor:
+        """`b` (detached), or zeros of `like`'s dtype for a head without a bias."""
+        if self.bias is None:
+            return torch.zeros(self.dims.vocab_size, dtype=like.dtype, device=like.device)
+        return self.bias.detach()
 
 
 class TiedToEmbeddings:

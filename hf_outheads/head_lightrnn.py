@@ -55,12 +55,11 @@ from transformers import initialization as init
 
 from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, TiedToEmbeddings, nll_sum_from_logits,
                              word_count_vector)
-from .lightrnn_table import (CHUNK_ELEMENTS, EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
+from .lightrnn_table import (EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
                              resize_codes, table_grid, table_shape)
-from .losses import mixture_nll_sum
+from .losses import grad_needed, log_probs_chunk_rows, mixture_nll_sum, over_row_chunks
 from .latents import LATENT_INITS, MixtureOptions, PriorAndLatents
-from .mixture import over_row_chunks
 from .options import HeadDims, choice, integer
 
 
@@ -187,8 +186,8 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
         """Full `log p(.|h)`, `(n, |V|)`, in checkpointed position chunks (`positions_log_probs`)."""
         K, (f, r, c) = self.num_components, self.table
         per_row = K * (r * (self.latent_size + 2 * c) + 2 * (f + r * c + self.dims.vocab_size))
-        rows = max(1, CHUNK_ELEMENTS // per_row)
-        grad = torch.is_grad_enabled() and (k.requires_grad or pre.requires_grad)
+        grad = grad_needed(k, pre)
+        rows = log_probs_chunk_rows(per_row)
         return over_row_chunks(self.positions_log_probs, (log_prior, k, pre, mask), params, rows, grad,
                                self.dims.vocab_size)
 

@@ -10,9 +10,14 @@ at the cost of a single softmax (one element-wise `log sigma` per score).
 
 `logits` are the scores `z + log sigma(z)` (fp32): `softmax(logits)` is sigsoftmax, so
 generate's sampling, beam search and the HF loss need nothing else. The training losses:
-"full" (the logits and cross-entropy) and "chunked" (the exact loss over row chunks, each
-checkpointed, so at most one chunk's `rows x |V|` scores exist at a time; recomputed in
-backward); "sampled" is not offered (sampled softmax's correction assumes a softmax).
+"full" (the logits and cross-entropy) and "chunked" (the exact loss and its gradient in one
+pass over row chunks, `losses.mixture_nll_sum` with one sigsoftmax component: at most one
+chunk's `rows x |V|` scores exist at a time, the `log sigma` computed inside the chunk, nothing
+recomputed in backward); "sampled" is not offered (sampled softmax's correction assumes a softmax).
+
+What it shares with `linear` (its own `W`, the bias `b`, their init and conversion) it composes
+from `OwnOutputMatrix` and `OutputBias`; it is not a `linear` head (no plain export, no other
+head converts from it).
 
 Conversion from a trained LM head copies `W` and `b`: approximate (sigsoftmax of the same
 scores is not their softmax), and no plain LM head computes it, so it has no plain export.
@@ -26,11 +31,10 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, nll_sum_from_logits
-from .head_linear import LinearHead, LinearOptions
-from .losses import default_chunk_rows
-from .mixture import over_row_chunks
-from .options import choice
+from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits
+from .head_linear import OwnOutputMatrix
+from .losses import mixture_nll_sum
+from .options import HeadDims, HeadOptions, choice, flag
 
 
 def sigsoftmax_scores(z: torch.Tensor) -> torch.Tensor:
@@ -39,35 +43,40 @@ def sigsoftmax_scores(z: torch.Tensor) -> torch.Tensor:
     return z + F.logsigmoid(z)
 
 
-def _rows_nll(x, labels, weight, bias):
-    """Per-row NLL `(rows, 1)` (0 where ignored) of one chunk of rows."""
-    scores = sigsoftmax_scores(F.linear(x, weight, bias))
-    return F.cross_entropy(scores, labels, ignore_index=IGNORE_INDEX, reduction="none").unsqueeze(-1)
-
-
 def chunked_sigsoftmax_nll(x, weight, bias, labels) -> torch.Tensor:
-    """Summed NLL of `labels` over row chunks of `x (..., d)` (`mixture.over_row_chunks`: each
-    chunk checkpointed under autograd, its scores recomputed in backward; one call when traced)."""
+    """Summed NLL of `labels` (fp32 scalar) for `x (..., d)`: the fused chunked loss
+    (`losses.mixture_nll_sum`) with one sigsoftmax component, gradient computed in its forward."""
     x, labels = x.reshape(-1, x.shape[-1]), labels.reshape(-1)
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    rows = default_chunk_rows(weight.shape[0])
-    return over_row_chunks(_rows_nll, (x, labels), (weight, bias), rows, grad, 1).sum()
+    zeros = x.new_zeros(x.shape[0], 1, dtype=torch.float32)
+    return mixture_nll_sum(zeros, x.unsqueeze(1), weight, bias, labels, sigsoftmax=True)
 
 
 @dataclass
-class SigSoftmaxOptions(LinearOptions):
-    """training_loss: "full" or "chunked" (sampled softmax's correction assumes a softmax)."""
+class SigSoftmaxOptions(HeadOptions):
+    """training_loss: "full" (logits and cross-entropy) or "chunked" (exact loss without logits;
+    sampled softmax's correction assumes a softmax, so it is not offered); output_bias: learn `b`."""
 
     head_type: ClassVar[str] = "sigsoftmax"
+    # configs saved while these options inherited `linear`'s: the sampled loss's options, never read
+    retired_options: ClassVar[tuple[str, ...]] = ("sampled_fraction", "sampled_proposal")
 
     training_loss: str = choice("full", ("full", "chunked"))
+    output_bias: bool = flag(True)
 
 
-class SigSoftmaxHead(LinearHead):
+class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
     """`W` (`|V| x d_h`, N(0, 0.02^2)) and `b` as `linear`; sigsoftmax over `z = W h + b`."""
 
     head_type = "sigsoftmax"
     Options = SigSoftmaxOptions
+
+    def __init__(self, options: SigSoftmaxOptions, dims: HeadDims):
+        super().__init__(options, dims)
+        self.build_output_bias()
+        self.build_output_matrix(dims)
+
+    def forward_flops(self, num_positions: int) -> int:
+        return num_positions * 2 * self.dims.hidden_dim * self.dims.vocab_size
 
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
         chunked = self.training and self.options.training_loss == "chunked"
@@ -78,14 +87,11 @@ class SigSoftmaxHead(LinearHead):
         logits = sigsoftmax_scores(F.linear(inputs.hidden, self.weight, self.bias))
         return HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels) if labels is not None else None)
 
-    def plain_lm_head(self, embeddings):
-        return None  # not a softmax: no other head starts from it
-
     def equivalent_lm_head(self, embeddings):
         raise ValueError("Head 'sigsoftmax': exp(z) sigma(z) normalised is not the softmax of an affine map of h, so "
                          "no plain LM head computes it. Serve it with hf_outheads.")
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """`W`, `b` copied: approximate (returns False)."""
-        super().init_from_lm_head(weight, bias, embeddings)
+        self.copy_lm_head(weight, bias)
         return False

@@ -43,9 +43,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .losses import log_probs_chunk_rows
+
 TABLE_INITS = ("frequency", "random")
 MASKED = -1e30  # bias of codes that hold no word: exp underflows to exactly 0 in fp32
-CHUNK_ELEMENTS = 2**24  # per position chunk of the full distribution and of the cost accumulation
 EXACT_LIMIT = 2**22  # words x cells entries of the exact problem (about 2,048 x 2,048, ~1 s)
 
 
@@ -251,7 +252,7 @@ def add_costs(costs: list, codes, table, log_prior, k, s2, labels, row, W1, b1, 
     f, r, _ = table
     table_word = codes[labels] >= f
     log_prior, k, s2, labels, row = (t[table_word] for t in (log_prior, k, s2, labels, row))
-    step = max(1, CHUNK_ELEMENTS // (k.shape[1] * (f + r)))
+    step = log_probs_chunk_rows(k.shape[1] * (f + r))
     for s in range(0, k.shape[0], step):
         part = slice(s, s + step)
         joint = F.linear(k[part], W1, b1).log_softmax(-1)[..., f:] + log_prior[part].unsqueeze(-1)  # log pi_j p_j(r)

@@ -22,8 +22,12 @@ from torch.utils.checkpoint import checkpoint
 
 from .head_interface import IGNORE_INDEX
 
-# Logits elements per chunk (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
+# Every chunk size of the package's row-chunk loops (`over_row_chunks`, the fused loss's chunks).
+# Logits elements per chunk of the per-row losses (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
 CHUNK_ELEMENTS = 2**25
+# Scores per chunk of a full distribution (a mixture's `rows x J x |V|` log-probs, lightrnn's codes and
+# its code-cost accumulation): 16M (64 MB fp32).
+LOG_PROBS_CHUNK_ELEMENTS = 2**24
 # The fused loss: latent rows (positions x K) per chunk, at most 512 and 8M scores (32 MB fp32;
 # a chunk's scores and log-probs coexist briefly). Measured at |V| = 32K: products of 255 latent
 # rows are as fast as of 510, and small chunks keep the loss's peak below the head's activations.
@@ -51,6 +55,34 @@ def default_chunk_rows(vocab_size: int) -> int:
     return max(64, min(4096, CHUNK_ELEMENTS // max(vocab_size, 1)))
 
 
+def log_probs_chunk_rows(elements_per_row: int) -> int:
+    """Rows per chunk of a full distribution with `elements_per_row` scores (and intermediates) a row."""
+    return max(1, LOG_PROBS_CHUNK_ELEMENTS // max(elements_per_row, 1))
+
+
+def over_row_chunks(fn, row_args, other_args, rows: int, grad: bool, width: int) -> torch.Tensor:
+    """The package's one checkpointed row-chunk loop: `fn(*row_args, *other_args)` -> `(n, width)`,
+    over chunks of `rows` rows of `row_args` (None passes through), each chunk checkpointed under
+    autograd (`grad`), so at most one chunk's intermediates exist at a time (recomputed in backward);
+    at most `rows` rows: one call, no loop. Traced (torch.export, torch.compile): one call over all
+    rows, so the graph holds for every batch and sequence size."""
+    if is_traced():
+        return fn(*row_args, *other_args)
+    n = next(t for t in row_args if t is not None).shape[0]
+    if 0 < n <= rows:
+        return fn(*row_args, *other_args)
+    pieces = []
+    for start in range(0, n, rows):
+        args = [t if t is None else t[start : start + rows] for t in row_args] + list(other_args)
+        pieces.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
+    return torch.cat(pieces) if pieces else other_args[0].new_zeros(0, width, dtype=torch.float32)
+
+
+def grad_needed(*tensors) -> bool:
+    """Whether autograd will want gradients through any of `tensors` (None skipped)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def fused_chunk_rows(vocab_size: int, num_components: int, device: torch.device) -> int:
     """Positions per chunk of the fused loss: `FUSED_CHUNK_*` latent rows and scores at most,
     larger on a CUDA device."""
@@ -68,17 +100,24 @@ def matmul_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype if weight.dtype in LOW_PRECISION else torch.float32
 
 
-def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4):
+def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, sigsoftmax=False):
     """One chunk: summed NLL; adds its gradients w.r.t. (log_prior, x, weight, bias) into the
     fp32 `grads` (the chunk's rows of the first two, None: not needed), in place. `x` and
     `weight` share the products' dtype (fp32, or bf16 / fp16: each product's result is taken to
     fp32); `log_prior`, `bias` and everything |V|-wide after the scores are fp32. With
     `r_j = pi_j p_j(y) / sum_k pi_k p_k(y)` (responsibilities), `dL/ds_jv = r_j (p_j(v) - [v = y])`
     and `dL/dlog pi_j = -r_j`; ignored rows have `r = 0`. `r_j` scales the small factors (`x`,
-    the products with `W`), never the `|V|`-wide rows."""
+    the products with `W`), never the `|V|`-wide rows. `sigsoftmax`: each softmax is over
+    `z + log sigma(z)` of the affine scores `z` (Kanai et al. 2018, Eq. 8), whose derivative
+    `2 - sigma(z)` multiplies the scores' gradient in the same pass over the chunk."""
     keep, low = labels != ignore_index, x.dtype in LOW_PRECISION
     scores = F.linear(x, weight).float() if low else F.linear(x, weight, bias)  # (rows, K, |V|)
-    log_p = (scores.add_(bias) if low and bias is not None else scores).log_softmax(-1)  # the chunk's |V|-wide tensor
+    if low and bias is not None:
+        scores.add_(bias)
+    log_sigmoid = F.logsigmoid(scores) if sigsoftmax else None
+    if sigsoftmax:  # in place where no autograd records it (the fused path; traced: out of place)
+        scores = scores + log_sigmoid if torch.is_grad_enabled() else scores.add_(log_sigmoid)
+    log_p = scores.log_softmax(-1)  # the chunk's |V|-wide tensor
     gold = labels.clamp_min(0).view(-1, 1, 1).expand(*x.shape[:2], 1)
     joint = log_prior + log_p.gather(-1, gold).squeeze(-1)  # log pi_j + log p_j(y)
     ll = joint.logsumexp(-1)
@@ -87,7 +126,10 @@ def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4):
         return nll
     g_prior, g_x, g_weight, g_bias = grads
     resp = (joint - ll.unsqueeze(-1)).exp() * keep.unsqueeze(-1)  # (rows, K)
-    delta = log_p.exp_().scatter_add_(-1, gold, log_p.new_full(gold.shape, -1.0)).flatten(0, 1)  # p_j - onehot(y)
+    delta = log_p.exp_().scatter_add_(-1, gold, log_p.new_full(gold.shape, -1.0))  # p_j - onehot(y)
+    if sigsoftmax:  # d(z + log sigma(z))/dz = 2 - sigma(z)
+        delta.mul_(log_sigmoid.exp_().neg_().add_(2.0))
+    delta = delta.flatten(0, 1)
     r = resp.reshape(-1, 1)
     if g_prior is not None:
         g_prior.sub_(resp)
@@ -106,7 +148,7 @@ def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4):
 
 
 def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows, need=(False,) * 4,
-                      dtype=torch.float32):
+                      dtype=torch.float32, sigsoftmax=False):
     """Summed NLL (fp32 scalar) of `log_prior (n, K)`, `latents (n, K, d)`, `labels (n,)` and,
     where `need`, its fp32 gradients w.r.t. (log_prior, latents, weight, bias), in one pass over
     chunks of `rows` rows (peak: two `rows x K x |V|` tensors, a chunk's scores and log-probs,
@@ -121,7 +163,7 @@ def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, ro
         for start in range(0, labels.shape[0], rows):
             part = lambda t: t if t is None else t[start : start + rows]
             total += _chunk(part(log_prior).float(), part(latents).to(dtype), weight, bias, part(labels), ignore_index,
-                            [part(g) for g in grads[:2]] + grads[2:])
+                            [part(g) for g in grads[:2]] + grads[2:], sigsoftmax)
     return total, grads
 
 
@@ -131,9 +173,9 @@ class FusedMixtureNLL(torch.autograd.Function):
     They are used up by that backward: a second backward through the same graph raises."""
 
     @staticmethod
-    def forward(ctx, log_prior, latents, weight, bias, labels, ignore_index, rows, dtype):
+    def forward(ctx, log_prior, latents, weight, bias, labels, ignore_index, rows, dtype, sigsoftmax):
         total, ctx.grads = fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows,
-                                             ctx.needs_input_grad[:4], dtype)
+                                             ctx.needs_input_grad[:4], dtype, sigsoftmax)
         ctx.dtypes = [None if t is None else t.dtype for t in (log_prior, latents, weight, bias)]
         return total
 
@@ -145,10 +187,11 @@ class FusedMixtureNLL(torch.autograd.Function):
                                "its first backward; run the forward again instead of a second backward.")
         grads, ctx.grads = ctx.grads, None
         grads = [None if g is None else g.mul_(grad).to(dtype) for g, dtype in zip(grads, ctx.dtypes)]
-        return (*grads, None, None, None, None)
+        return (*grads, None, None, None, None, None)
 
 
-def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IGNORE_INDEX, chunk_rows=None):
+def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IGNORE_INDEX, chunk_rows=None,
+                    sigsoftmax=False):
     """Exact `-sum_i logsumexp_j(log_prior_ij + log_softmax(latents_ij W^T + b)[y_i])`, fp32
     scalar, over the labels `!= ignore_index` (an all-ignored batch gives 0 and zero gradients).
 
@@ -158,20 +201,22 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
     float dtype (gradients returned in the inputs' dtypes); matrix products in `matmul_dtype`
     (bf16 under bf16 autocast or with bf16 weights, else fp32), softmax statistics in fp32. Eager:
     the fused `FusedMixtureNLL` over chunks of `chunk_rows` rows (default: `fused_chunk_rows`);
-    traced (torch.export, torch.compile): one plain computation over all rows."""
+    traced (torch.export, torch.compile): one plain computation over all rows. `sigsoftmax`: the
+    components are sigsoftmaxes of the scores instead of softmaxes (`_chunk`)."""
     K, d = latents.shape[-2:]
     log_prior, latents, labels = log_prior.reshape(-1, K), latents.reshape(-1, K, d), labels.reshape(-1)
     if is_traced():  # all rows at once, plain autograd
         bias = None if bias is None else bias.float()
-        return _chunk(log_prior.float(), latents.float(), weight.float(), bias, labels, ignore_index)
+        return _chunk(log_prior.float(), latents.float(), weight.float(), bias, labels, ignore_index,
+                      sigsoftmax=sigsoftmax)
     keep = labels != ignore_index
     if not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
         log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]
     rows = chunk_rows or fused_chunk_rows(weight.shape[0], K, weight.device)
     tensors, dtype = (log_prior, latents, weight, bias), matmul_dtype(weight)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return FusedMixtureNLL.apply(*tensors, labels, ignore_index, rows, dtype)
-    return fused_mixture_nll(*tensors, labels, ignore_index, rows, dtype=dtype)[0]
+        return FusedMixtureNLL.apply(*tensors, labels, ignore_index, rows, dtype, sigsoftmax)
+    return fused_mixture_nll(*tensors, labels, ignore_index, rows, dtype=dtype, sigsoftmax=sigsoftmax)[0]
 
 
 def _naive(input, weight, target, bias, ignore_index):
@@ -179,14 +224,10 @@ def _naive(input, weight, target, bias, ignore_index):
 
 
 def _chunked(input, weight, target, bias, ignore_index, rows):
-    """Per-row NLL in row chunks; under autograd each chunk is checkpointed (its logits are
-    recomputed in backward, which a per-row upstream gradient needs): peak one chunk's `rows x |V|`."""
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias))
-    pieces = []
-    for start in range(0, input.shape[0], rows):
-        args = (input[start : start + rows], weight, target[start : start + rows], bias, ignore_index)
-        pieces.append(checkpoint(_naive, *args, use_reentrant=False) if grad else _naive(*args))
-    return torch.cat(pieces)
+    """Per-row NLL in row chunks (`over_row_chunks`: each chunk's logits recomputed in backward,
+    which a per-row upstream gradient needs): peak one chunk's `rows x |V|`."""
+    rows_nll = lambda x, y, w, b: _naive(x, w, y, b, ignore_index).unsqueeze(-1)
+    return over_row_chunks(rows_nll, (input, target), (weight, bias), rows, grad_needed(input, weight, bias), 1)[:, 0]
 
 
 def linear_cross_entropy(

@@ -16,15 +16,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
 from .head_interface import HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits
 from .latents import MixtureOptions, PriorAndLatents
-from .losses import is_traced, mixture_nll_sum
+from .losses import grad_needed, log_probs_chunk_rows, mixture_nll_sum, over_row_chunks
 from .options import HeadDims
-
-MIX_CHUNK_ELEMENTS = 2**24  # per chunk of the `rows x J x |V|` scores when full log-probs are needed
 
 
 def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -32,33 +29,16 @@ def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, b
     return torch.logsumexp(scores + log_prior.unsqueeze(-1), dim=-2)
 
 
-def over_row_chunks(fn, row_args, other_args, rows: int, grad: bool, width: int) -> torch.Tensor:
-    """`fn(*row_args, *other_args)` -> `(n, width)`, over chunks of `rows` rows of `row_args`
-    (None passes through), checkpointed under autograd, so at most one chunk's intermediates
-    exist at a time; at most `rows` rows: one call, no loop. Traced (torch.export,
-    torch.compile): one call over all rows, so the graph holds for every batch and sequence size."""
-    if is_traced():
-        return fn(*row_args, *other_args)
-    n = next(t for t in row_args if t is not None).shape[0]
-    if 0 < n <= rows:
-        return fn(*row_args, *other_args)
-    pieces = []
-    for start in range(0, n, rows):
-        args = [t if t is None else t[start : start + rows] for t in row_args] + list(other_args)
-        pieces.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
-    return torch.cat(pieces) if pieces else other_args[0].new_zeros(0, width, dtype=torch.float32)
-
-
 def mixture_log_probs(log_prior, latents, weight, bias) -> torch.Tensor:
     """Full `log p(.|h)`, `(..., |V|)` fp32, from `log_prior (..., J)` and `latents (..., J, d)`.
-    Up to `MIX_CHUNK_ELEMENTS` of `rows x J x |V|` scores (generation's last positions): one
+    Up to `losses.LOG_PROBS_CHUNK_ELEMENTS` of `rows x J x |V|` scores (generation's last positions): one
     batched matmul over the J latents. More rows: chunks (`over_row_chunks`: checkpointed
     under autograd, one call when traced), so at most one chunk of scores exists at a time."""
     lead, (J, d), V = log_prior.shape[:-1], latents.shape[-2:], weight.shape[0]
     log_prior, latents = log_prior.reshape(-1, J).float(), latents.reshape(-1, J, d).float()
     weight, bias = weight.float(), bias.float()
-    rows = max(1, MIX_CHUNK_ELEMENTS // (J * V))
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (log_prior, latents, weight, bias))
+    grad = grad_needed(log_prior, latents, weight, bias)
+    rows = log_probs_chunk_rows(J * V)
     return over_row_chunks(_mix, (log_prior, latents), (weight, bias), rows, grad, V).reshape(*lead, V)  # (..., 0, V) if empty
 
 

@@ -167,13 +167,18 @@ class HeadOptions:
     # values of fields that a config saved before the field existed lacks: the behaviour of the
     # version that saved it (`for_saved`, applied when a config.json is loaded)
     saved_defaults: ClassVar[dict[str, Any]] = {}
+    # fields an earlier version declared and a saved config may still state, which this head never
+    # read: dropped when a config.json is loaded (`for_saved`); still errors anywhere else
+    retired_options: ClassVar[tuple[str, ...]] = ()
     # the sizes `resolve` completed this object for (set on the copy it returns); None: not resolved
     resolved_for: ClassVar[HeadDims | None] = None
 
     @classmethod
     def for_saved(cls, options: dict[str, Any] | None) -> dict[str, Any]:
-        """Saved `options` (a config.json's `head_options`) with `saved_defaults` for the fields it lacks."""
-        return {**cls.saved_defaults, **dict(options or {})}
+        """Saved `options` (a config.json's `head_options`) with `saved_defaults` for the fields it
+        lacks, without `retired_options`."""
+        options = {**cls.saved_defaults, **dict(options or {})}
+        return {name: value for name, value in options.items() if name not in cls.retired_options}
 
     @classmethod
     def for_conversion(cls, options: dict[str, Any] | None) -> dict[str, Any]:

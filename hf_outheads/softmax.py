@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .head_interface import HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits, word_count_vector
+from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits, word_count_vector
 from .losses import linear_cross_entropy
 from .options import HeadOptions, choice, flag, number
 from .sampled_softmax import sampled_nll_sum
@@ -68,7 +68,7 @@ def _same_values(kept: tuple, tensors: tuple) -> bool:
         for a, b in zip(kept, tensors))
 
 
-class SoftmaxHead(OutputHead):
+class SoftmaxHead(OutputBias, OutputHead):
     """A single softmax over factorised scores; see the module docstring."""
 
     # True where `label_matrix` computes a new matrix (drill, joint): worth keeping across
@@ -79,8 +79,7 @@ class SoftmaxHead(OutputHead):
 
     def __init__(self, options, dims):
         super().__init__(options, dims)
-        bias = nn.Parameter(torch.empty(dims.vocab_size)) if self.options.output_bias else None
-        self.register_parameter("bias", bias)  # `b`, per word; None with output_bias=False
+        self.build_output_bias()
         self._label_cache: tuple | None = None  # (copies of the inputs, their key, label matrix)
         self._generating = self._checked = False
         self._log_unigram: torch.Tensor | None = None
@@ -140,25 +139,6 @@ class SoftmaxHead(OutputHead):
         """`(A, c)` with `context(h) = A h + c` (None: the identity, no offset); a ValueError
         saying why when the context is not affine in `h`. Default: the identity."""
         return None, None
-
-    def reset_bias(self) -> None:
-        if self.bias is not None:
-            init.zeros_(self.bias)
-
-    def copy_bias(self, bias: torch.Tensor) -> bool:
-        """Set `b` from a converted LM head's bias; False when this head has no bias and `bias`
-        is not constant (then the converted head cannot give the original's distribution)."""
-        if self.bias is not None:
-            with torch.no_grad():
-                self.bias.copy_(bias)
-            return True
-        return bool((bias == bias.reshape(-1)[:1]).all())
-
-    def bias_or_zeros(self, like: torch.Tensor) -> torch.Tensor:
-        """`b` (detached), or zeros of `like`'s dtype for a head without a bias."""
-        if self.bias is None:
-            return torch.zeros(self.dims.vocab_size, dtype=like.dtype, device=like.device)
-        return self.bias.detach()
 
     @torch.no_grad()
     def equivalent_lm_head(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,6 +1,6 @@
 """`torch.export` with dynamic batch and sequence sizes, every head: the exported program runs
 at other sizes than the traced one and computes what the eager model computes. (The mixtures'
-row chunking is a Python loop in eager mode; traced, it is one call: `mixture.over_row_chunks`.)"""
+row chunking is a Python loop in eager mode; traced, it is one call: `losses.over_row_chunks`.)"""
 
 import pytest
 import torch

@@ -52,7 +52,7 @@ def test_fused_mixture_loss_equals_naive_values_and_gradients(chunk_rows, bias):
     want, want_grads = naive_loss(*params, labels), grads(naive_loss(*params, labels), params)
     got = fused_loss(*params, labels, chunk_rows=chunk_rows)
     direct = losses.FusedMixtureNLL.apply(params[0].log_softmax(-1), *params[1:], labels, -100, 4,  # ignored rows kept
-                                          torch.float32)
+                                          torch.float32, False)
     for loss in (got, direct):
         assert loss.dtype == torch.float32 and loss.shape == ()
         torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
@@ -65,7 +65,8 @@ def test_fused_mixture_loss_equals_naive_values_and_gradients(chunk_rows, bias):
 def test_all_ignored_batch_gives_zero_loss_and_zero_gradients():
     params, labels = mixture_problem()
     labels[:] = -100
-    for loss in (fused_loss(*params, labels), losses.FusedMixtureNLL.apply(*params, labels, -100, 4, torch.float32)):
+    direct = losses.FusedMixtureNLL.apply(*params, labels, -100, 4, torch.float32, False)
+    for loss in (fused_loss(*params, labels), direct):
         assert loss.item() == 0
         assert all(torch.equal(g, torch.zeros_like(g)) for g in torch.autograd.grad(loss, params))
 
@@ -109,7 +110,7 @@ class Recorder(TorchDispatchMode):
 def test_backward_recomputes_nothing(monkeypatch):
     """Forward runs each chunk once (its products: scores, dk, dW and db); backward only scales."""
     calls, chunk = [], losses._chunk
-    monkeypatch.setattr(losses, "_chunk", lambda *args: calls.append(1) or chunk(*args))
+    monkeypatch.setattr(losses, "_chunk", lambda *args, **kw: calls.append(1) or chunk(*args, **kw))
     params, labels = mixture_problem()
     with Recorder() as forward:
         loss = fused_loss(*params, labels, chunk_rows=4)
@@ -125,7 +126,7 @@ def test_backward_recomputes_nothing(monkeypatch):
 def test_traced_loss_is_one_plain_autograd_computation(monkeypatch):
     """Under torch.export / torch.compile no Python loop over rows (sizes stay symbolic)."""
     calls, chunk = [], losses._chunk
-    monkeypatch.setattr(losses, "_chunk", lambda *args: calls.append(1) or chunk(*args))
+    monkeypatch.setattr(losses, "_chunk", lambda *args, **kw: calls.append(1) or chunk(*args, **kw))
     monkeypatch.setattr(losses, "is_traced", lambda: True)
     params, labels = mixture_problem()
     got, want = fused_loss(*params, labels, chunk_rows=4), naive_loss(*params, labels)
@@ -189,7 +190,7 @@ def test_mos_generation_is_one_call_per_step_and_equals_the_chunked_log_probs(mo
                          return_dict_in_generate=True)
     assert calls == [2, 2, 2]  # one batched call over the 2 rows' K latents per step
     calls.clear()
-    monkeypatch.setattr(mixture, "MIX_CHUNK_ELEMENTS", 3 * 99)  # one row per chunk
+    monkeypatch.setattr(losses, "LOG_PROBS_CHUNK_ELEMENTS", 3 * 99)  # one row per chunk
     with torch.no_grad():
         full = model(input_ids=out.sequences[:, :-1]).logits
     assert calls == [1] * full.shape[0] * full.shape[1]

@@ -52,9 +52,9 @@ def test_log_probabilities_escape_the_softmax_bottleneck():
 
 
 def test_chunked_loss_equals_the_full_loss_and_its_gradients(monkeypatch):
-    import hf_outheads.head_sigsoftmax as module
+    from hf_outheads import losses
 
-    monkeypatch.setattr(module, "default_chunk_rows", lambda vocab: 7)  # 3 x 10 rows: 5 chunks
+    monkeypatch.setattr(losses, "fused_chunk_rows", lambda *args: 7)  # 3 x 10 rows: 5 chunks
     hidden, labels = torch.randn(3, 10, 4), torch.randint(0, 50, (3, 10))
     labels[0, :3] = -100
     results = []
@@ -81,3 +81,40 @@ def test_conversion_copies_the_head_and_says_it_is_approximate():
     model = OutHeadsForCausalLM.from_backbone(original, head_type="sigsoftmax")
     torch.testing.assert_close(model.head.weight, original.lm_head.weight)
     assert model.head.init_from_lm_head(original.lm_head.weight, torch.zeros(99), None) is False
+
+
+def test_chunked_loss_computes_its_gradient_in_one_pass(monkeypatch):
+    """The `log sigma` is fused into the chunked loss: forward scores each chunk once (its scores,
+    dx, dW products), backward only scales the gradients it kept (no scores recomputed)."""
+    from hf_outheads import losses
+    from test_fused_losses import PRODUCTS, Recorder
+
+    monkeypatch.setattr(losses, "fused_chunk_rows", lambda *args: 8)  # 30 rows: 4 chunks
+    h = head(training_loss="chunked").train()
+    x = torch.randn(3, 10, 4, requires_grad=True)
+    with Recorder() as forward:
+        nll = h(HeadInputs(hidden=x, embeddings=torch.zeros(50, 4)), torch.randint(0, 50, (3, 10))).nll_sum
+    assert sum(op in PRODUCTS for op in forward.ops) == 4 * 4  # scores, dx, dW, db per chunk
+    with Recorder() as backward:
+        nll.backward()
+    assert backward.ops and not PRODUCTS & set(backward.ops) and "log_sigmoid_forward" not in backward.ops
+
+
+def test_chunked_loss_in_bf16_is_the_full_loss_to_bf16_rounding():
+    hidden, labels = torch.randn(2, 9, 4), torch.randint(0, 50, (2, 9))
+    full = head().train()
+    want = full(HeadInputs(hidden=hidden, embeddings=torch.zeros(50, 4)), labels).nll_sum
+    lean = head(training_loss="chunked").train().to(torch.bfloat16)
+    got = lean(HeadInputs(hidden=hidden.bfloat16(), embeddings=torch.zeros(50, 4)), labels).nll_sum
+    assert got.dtype == torch.float32 and torch.isfinite(got)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=0)
+
+
+def test_configs_saved_with_the_linear_options_still_load():
+    """Before sigsoftmax composed `linear`'s parts it inherited its options: saved configs state the
+    sampled loss's options, which are dropped on load; given anew they are an error."""
+    saved = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="sigsoftmax").to_dict()
+    saved["head_options"].update(sampled_fraction=0.25, sampled_proposal="uniform")
+    assert OutHeadsConfig.from_dict(saved).head_options == {"training_loss": "full", "output_bias": True}
+    with pytest.raises(ValueError, match="Unknown option.*sampled_fraction"):
+        OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="sigsoftmax", head_options={"sampled_fraction": 0.5})

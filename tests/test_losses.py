@@ -93,7 +93,7 @@ def test_mixture_log_probs_chunked_equals_naive(monkeypatch):
     prior_logits, latents, weight, bias, _ = mixture_problem()
     params = (prior_logits, latents, weight, bias)
     want = naive_mixture_log_probs(prior_logits.log_softmax(-1), latents, weight, bias)
-    monkeypatch.setattr(mixture, "MIX_CHUNK_ELEMENTS", 5 * 4 * 23)  # 5 rows per chunk, checkpointed
+    monkeypatch.setattr(losses, "LOG_PROBS_CHUNK_ELEMENTS", 5 * 4 * 23)  # 5 rows per chunk, checkpointed
     got = mixture.mixture_log_probs(prior_logits.log_softmax(-1), latents, weight, bias)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got.logsumexp(-1), torch.zeros(2, 9), atol=1e-5, rtol=0)
