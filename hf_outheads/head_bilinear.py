@@ -7,10 +7,8 @@ a `d x d_h` semi-identity when d != d_h); "uniform" is the DRILL
 reference init, uniform(-0.1, 0.1), which starts from a random projection of `h` (departure:
 measured worse on transformer backbones).
 Option `map_scale`: `W_l` is stored as `I + map_scale * A` (`scaled_map.py`), so it learns
-`map_scale` times slower than the backbone under Adam. Unset: 0.1 from scratch (better than
-`joint`'s 0.01 for this head), 1 when converted from a trained head (`from_backbone`), both
-measured (departure from scratch:
-the paper's plain `W_l` is `map_scale: 1` with `init: uniform`).
+`map_scale` times slower than the backbone under Adam; unset, `scaled_map.MAP_SCALE_DEFAULTS`
+(measured; departure from scratch: the paper's plain `W_l` is `map_scale: 1` with `init: uniform`).
 """
 
 from __future__ import annotations
@@ -20,18 +18,16 @@ from typing import ClassVar
 import torch
 
 from .options import HeadDims
-from .scaled_map import MapOptions, ScaledMap
+from .scaled_map import MapOptions
 from .head_interface import TiedToEmbeddings
 from .softmax import SoftmaxHead
 
 
 class BilinearOptions(MapOptions):
     """init: "identity" (`W_l = I`: starts as `tied`) or "uniform" (DRILL reference);
-    map_scale: how far a step of the stored parameter moves `W_l` (1: the plain form; None:
-    0.1 from scratch, 1 when converted)."""
+    map_scale: how far a step of the stored parameter moves `W_l` (1: the plain form)."""
 
     head_type: ClassVar[str] = "bilinear"
-    scratch_defaults: ClassVar[dict] = {"map_scale": 0.1}  # measured (the repository's ablations)
 
 
 class BilinearHead(TiedToEmbeddings, SoftmaxHead):
@@ -40,7 +36,7 @@ class BilinearHead(TiedToEmbeddings, SoftmaxHead):
 
     def __init__(self, options: BilinearOptions, dims: HeadDims):
         super().__init__(options, dims)
-        self.map = ScaledMap(dims.hidden_dim, dims.embed_dim, False, self.options)  # W_l
+        self.map = self.options.scaled_map(dims.hidden_dim, dims.embed_dim, False)  # W_l
 
     def reset_parameters(self) -> None:
         self.map.reset()

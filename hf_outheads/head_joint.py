@@ -24,10 +24,9 @@ Departures from paper / reference code (idiap/joint-embedding-nmt):
   identity stalled near the unigram distribution: tanh bounds `g_in(h)`, which replaces the
   backbone's unbounded final-norm state. Output bias zero.
   `map_scale`: U and V are stored as `base I + map_scale A` (`scaled_map.py`), so they learn
-  `map_scale` times slower than the backbone under Adam. Unset, it is 0.01 from scratch
-  (at the backbone's rate the maps made the head worse than `tied`) and 1 when converted
-  from a trained head (then better than `tied`), both measured. The paper's plain
-  parameters are `map_scale: 1`.
+  `map_scale` times slower than the backbone under Adam (unset: `scaled_map.MAP_SCALE_DEFAULTS`,
+  measured: at the backbone's rate from scratch the maps made the head worse than `tied`).
+  The paper's plain parameters are `map_scale: 1`.
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ class JointOptions(MapOptions):
     in by `resolve`, so a saved config states it); activation: identity (default, measured)
     / tanh (paper) / sigmoid / relu; form: both / output / context / bilinear (Table 3);
     init: identity (default, starts as `tied`) / uniform (reference code); map_scale: how far a
-    step of the stored parameters moves U and V (1: the plain form; None: 0.01 from scratch,
-    1 when converted); output_bias False: neither `b` nor `b_v` (whose score `g_out(e_w) . b_v` is
+    step of the stored parameters moves U and V (1: the plain form); output_bias False: neither `b` nor `b_v` (whose score `g_out(e_w) . b_v` is
     a per-word bias too)."""
 
     head_type: ClassVar[str] = "joint"
@@ -86,7 +84,7 @@ class JointHead(TiedToEmbeddings, SoftmaxHead):
         d_j, form = options.joint_dim, options.form
 
         def scaled_map(in_dim: int, bias: bool = True) -> ScaledMap:
-            return ScaledMap(in_dim, d_j, bias, options, gain=1.0 / SLOPE_AT_ZERO[options.activation])
+            return options.scaled_map(in_dim, d_j, bias, gain=1.0 / SLOPE_AT_ZERO[options.activation])
 
         self.out_proj = scaled_map(dims.embed_dim) if form in ("both", "output") else None  # U, b_u
         has_b_v = form != "bilinear" and options.output_bias

@@ -69,9 +69,8 @@ class LightRNNOptions(MixtureOptions):
 
     num_components: int = integer(1, minimum=1)
     num_exclusive: int | None = integer(None, minimum=0, optional=True)
-    # the latents start at torch's Linear init (every measurement of this head), with plain maps
+    # the latents start at torch's Linear init (every measurement of this head), with plain maps (map_scale 1)
     latent_init: str = choice("uniform", LATENT_INITS)
-    scratch_defaults: ClassVar[dict] = {"map_scale": 1.0}
     num_rows: int | None = integer(None, minimum=1, optional=True)
     num_columns: int | None = integer(None, minimum=1, optional=True)
     table_init: str = choice("frequency", TABLE_INITS)

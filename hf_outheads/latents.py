@@ -6,7 +6,6 @@ latent maps' `map_scale` and the latents' dropout."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +13,8 @@ from torch import nn
 from transformers import initialization as init
 
 from .head_interface import HeadInputs
-from .options import HeadDims, HeadOptions, choice, flag, integer, number, probability
+from .options import HeadDims, choice, flag, integer, number, probability
+from .scaled_map import MapScaleOptions, ScaledMap
 
 ACTIVATIONS = ("tanh", "identity")
 LATENT_INITS = ("identity", "uniform")
@@ -22,7 +22,7 @@ DROPOUT_KINDS = ("locked", "standard")
 
 
 @dataclass
-class MixtureOptions(HeadOptions):
+class MixtureOptions(MapScaleOptions):
     """Options of the prior and latents (`mos`, `doc`, `lightrnn`). Defaults measured on transformer
     backbones: an own output matrix and identity latents started at the identity under a uniform
     prior, learnt at `map_scale` 0.01 from scratch; the reference codes are `tied=True`,
@@ -36,12 +36,8 @@ class MixtureOptions(HeadOptions):
     latent_init: str = choice("identity", LATENT_INITS)  # "identity": W_n = I + noise; "uniform": reference
     # std of that noise on the effective maps, which lets identical components drift apart
     latent_init_noise: float = number(0.02, 0.0)
-    # how far a step of the stored latent parameters moves the latent maps (`PriorAndLatents`);
-    # 1: the plain form (None: `scratch_defaults` from scratch, `conversion_defaults` when converted)
-    map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
-    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured (the repository's ablations)
-    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
-    saved_defaults: ClassVar[dict] = {"map_scale": 1.0}  # configs saved before the option: plain maps
+    # map_scale (`MapScaleOptions`): how far a step of the stored latent parameters moves the latent
+    # maps (`PriorAndLatents`); configs saved before the option had plain maps (its `saved` default)
 
     def complete(self, dims: HeadDims) -> None:
         if self.tied and self.latent_dim not in (None, dims.embed_dim):
@@ -58,11 +54,10 @@ class PriorAndLatents:
     component count); layer `dims.num_layers` means `inputs.hidden` (final norm and `hidden_scale`
     applied). Options read: `latent_activation`, `latent_dropout`, `dropout_kind`, `map_scale`.
 
-    `map_scale` s < 1 stores each latent map as `W_n = (1 - s) I + s A_n` and its bias as `s c_n`
-    (`I` only with the identity init; 0 with the reference init), so that under Adam-type
-    optimisers a step of the stored `A_n, c_n` moves the map s times as far (as `ScaledMap` does
-    for `bilinear` and `joint`). s = 1 is the plain `W_n = A_n`, the stored form of earlier
-    versions."""
+    Each group's latent maps are one `ScaledMap` with `scale` = `map_scale` s, `base = 1 - s` (0
+    with the reference init) and a scaled bias: `W_n = (1 - s) I + s A_n`, `b_n = s c_n`, so that
+    under Adam-type optimisers a step of the stored `A_n, c_n` moves the map s times as far.
+    s = 1 is the plain `W_n = A_n`, the stored form of earlier versions."""
 
     shared_dropout_mask = False  # doc: one locked mask for all components; mos: one per component
     tanh_init_scale = 0.01  # eps of the tanh conversion (see `MixtureHead.init_from_lm_head`)
@@ -81,7 +76,8 @@ class PriorAndLatents:
         hidden_dim = self.dims.hidden_dim
         prior = nn.Linear(hidden_dim, self.num_components, bias=False)  # drawn either way: same seed, same init
         self.prior = prior if with_prior else None
-        self.latents = nn.ModuleList(nn.Linear(hidden_dim, c * latent_size) for _, c in self.groups)
+        self.latents = nn.ModuleList(ScaledMap(hidden_dim, c * latent_size, True, self.latent_scale, self.latent_base,
+                                               copies=c, scaled_bias=True) for _, c in self.groups)
         self.dropout = nn.Dropout(self.options.latent_dropout)  # holds the rate: see latent_dropout
 
     @property
@@ -90,7 +86,7 @@ class PriorAndLatents:
 
     @property
     def latent_scale(self) -> float:
-        return 1.0 if self.options.map_scale is None else float(self.options.map_scale)
+        return float(self.options.map_scale)
 
     @property
     def latent_base(self) -> float:
@@ -119,25 +115,10 @@ class PriorAndLatents:
         for tensor in [p for linear in self.latents for p in linear.parameters()]:
             init.uniform_(tensor, -bound / scale, bound / scale)
 
-    @torch.no_grad()
     def set_latent_map(self, group: int, weight: torch.Tensor) -> None:
         """Store group `group`'s latent weights so that its effective maps are `weight`
         (`(count * d, d_h)`, a conversion), whatever `map_scale`."""
-        linear, count = self.latents[group], self.groups[group][1]
-        eye = torch.eye(self.latent_size, self.dims.hidden_dim, dtype=weight.dtype, device=weight.device)
-        linear.weight.copy_((weight - self.latent_base * eye.repeat(count, 1)) / self.latent_scale)
-
-    def latent_map_outputs(self, linear: nn.Linear, x: torch.Tensor, count: int) -> torch.Tensor:
-        """`(1 - s) I x + s (A x + c)` for `count` components, `(..., count, d)`."""
-        k = linear(x).unflatten(-1, (count, self.latent_size))
-        if self.latent_scale == 1.0:
-            return k
-        k = k * self.latent_scale
-        if self.latent_base:
-            d = self.latent_size
-            identity = x[..., :d] if d <= x.shape[-1] else F.pad(x, (0, d - x.shape[-1]))
-            k = k + self.latent_base * identity.unsqueeze(-2)
-        return k
+        self.latents[group].set_effective_weight(weight)
 
     def log_prior(self, hidden: torch.Tensor) -> torch.Tensor:
         """`log pi`, `(..., J)` fp32 (`(..., 1)` zeros without a prior)."""
@@ -155,7 +136,7 @@ class PriorAndLatents:
     def latent_states(self, inputs: HeadInputs) -> torch.Tensor:
         """`k` of every component, `(..., J, d)`, activation and dropout applied."""
         parts = [
-            self.latent_map_outputs(linear, self.layer_state(inputs, layer), count)
+            linear(self.layer_state(inputs, layer)).unflatten(-1, (count, self.latent_size))
             for (layer, count), linear in zip(self.groups, self.latents)
         ]
         k = torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]

@@ -1,78 +1,133 @@
-"""`ScaledMap`: the linear map `x -> W x + b` of `bilinear` and `joint`, stored as
-`W = base * I + scale * A` with `A` the parameter.
+"""`ScaledMap`: the package's one scaled linear map, `x -> W x + b` stored as
+`W = base * I + scale * A` with `A` the parameter (`I` the (semi-)identity, repeated for a map
+that computes several `d`-wide outputs at once), used by `bilinear` (`W_l`), `joint` (U, V) and
+the latent maps of the mixtures and `lightrnn` (`W_n`); `MapScaleOptions` declares its option
+`map_scale` (= `scale`) with every head's defaults (`MAP_SCALE_DEFAULTS`).
 
 Adam-type optimisers move each entry of a parameter by about the learning rate per step,
 whatever its gradient's size. A `d x d` map between the backbone's final state and `E` then
 changes the scores of every word at once, much faster than the rows of `E` move; learned at
 the backbone's rate, it made `bilinear` and `joint` train to worse models than `tied`, and at
-a rate 100 times lower it did not. With `W = base I + scale A`, a step of `A` moves `W` `scale` times as far, under any such optimiser
-and with no per-parameter-group setup; weight decay on `A` pulls `W` towards `base I`.
-`scale = 1, base = 0` is the plain parameterisation. `MapOptions` declares the two options
-of the heads built on it (`bilinear`, `joint`): `init` and `map_scale`.
+a rate 100 times lower it did not; the mixtures' latent maps likewise. With
+`W = base I + scale A`, a step of `A` moves `W` `scale` times as far, under any such optimiser
+and with no per-parameter-group setup. `scale = 1, base = 0` is the plain parameterisation.
+
+`base` is what `W` is at `A = 0`, where weight decay pulls it: `bilinear` and `joint` start at
+`A = 0` (`base` = the identity init's gain, 0 with the reference init), the latent maps at
+`A = I + noise / scale` (`base = 1 - scale` with the identity init, 0 with the reference init),
+as the versions that introduced each stored them. The bias `b` is the parameter `c` itself
+(`bilinear`, `joint`) or `scale * c` (the latents, whose bias then moves as slowly as the map).
 
 A head converted from a trained model (`from_backbone`) is another case: the backbone and E
-have already learnt, the maps start at the exact `tied`, and learnt at the full rate
+have already learnt, the maps start at the exact original, and learnt at the full rate
 (`map_scale` 1) they made both fine-tuning comparisons better than `tied`, where 0.01 kept
-the head at `tied`'s level. `map_scale` left unset (None) is therefore small from scratch
-(`scratch_defaults`: 0.01; `bilinear` 0.1) and 1 when converted.
+the head at `tied`'s level. `map_scale` left unset (None) is therefore small from scratch and 1
+when converted (`MAP_SCALE_DEFAULTS`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .options import choice, number
+from .options import HeadOptions, choice, number
 from .softmax import EncodedLabelsOptions
 
 INITS = ("identity", "uniform")
 REFERENCE_BOUND = 0.1  # the reference codes' init: every parameter uniform(-0.1, 0.1)
 
 
+class MapScaleDefaults(NamedTuple):
+    scratch: float  # `map_scale` left unset, from scratch
+    conversion: float  # left unset, converted from a trained head (`from_backbone`)
+    saved: float | None = None  # a config saved before the head had the option (None: it always had it)
+
+
+# Every head's `map_scale` defaults, measured (the repository's ablations, README "Which head"):
+# from scratch the maps learn 10x (bilinear) or 100x (joint, the mixtures) slower than the
+# backbone; lightrnn's every measurement used plain maps. Converted: the full rate.
+MAP_SCALE_DEFAULTS = {
+    "bilinear": MapScaleDefaults(0.1, 1.0),
+    "joint": MapScaleDefaults(0.01, 1.0),
+    "mos": MapScaleDefaults(0.01, 1.0, saved=1.0),
+    "doc": MapScaleDefaults(0.01, 1.0, saved=1.0),
+    "lightrnn": MapScaleDefaults(1.0, 1.0, saved=1.0),
+}
+
+
 @dataclass
-class MapOptions(EncodedLabelsOptions):
-    """init: "identity" (the maps start at a (semi-)identity: the head starts as `tied`) or
-    "uniform" (the reference codes); map_scale: how far a step of the stored parameter moves a
-    map (1: the plain form; the paper form is `init: uniform, map_scale: 1`); None: 0.01 from
-    scratch (`bilinear`: 0.1), 1 when converted from a trained head (measured, see the module
-    docstring)."""
+class MapScaleOptions(HeadOptions):
+    """The option of every head with a `ScaledMap`: map_scale, how far a step of the stored
+    parameter moves a map (1: the plain form); None: the head's `MAP_SCALE_DEFAULTS` row, which
+    each subclass naming a `head_type` there takes into its `scratch_defaults`,
+    `conversion_defaults` and `saved_defaults`."""
+
+    map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        row = MAP_SCALE_DEFAULTS.get(cls.__dict__.get("head_type"))
+        if row is not None:
+            cls.scratch_defaults = {**cls.scratch_defaults, "map_scale": row.scratch}
+            cls.conversion_defaults = {**cls.conversion_defaults, "map_scale": row.conversion}
+            if row.saved is not None:
+                cls.saved_defaults = {**cls.saved_defaults, "map_scale": row.saved}
+
+
+@dataclass
+class MapOptions(MapScaleOptions, EncodedLabelsOptions):
+    """Options of `bilinear` and `joint`: init, "identity" (the maps start at a (semi-)identity:
+    the head starts as `tied`) or "uniform" (the reference codes); map_scale (the paper form is
+    `init: uniform, map_scale: 1`)."""
 
     init: str = choice("identity", INITS)
-    map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
-    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured (the repository's ablations)
-    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}  # measured (the repository's ablations)
+
+    def scaled_map(self, in_dim: int, out_dim: int, bias: bool, gain: float = 1.0) -> "ScaledMap":
+        """A map of these options: `A = 0` at the identity init, so `base` is its `gain` (0 with the
+        reference init)."""
+        return ScaledMap(in_dim, out_dim, bias, self.map_scale, gain if self.init == "identity" else 0.0)
 
 
 class ScaledMap(nn.Module):
-    """`W x + b` with `W = base * I + scale * weight` (`I` the (semi-)identity, `out x in`);
-    `base` is `gain` with the options' identity init, 0 with the reference init."""
+    """`W x + b` with `W = base * I + scale * weight` (`out x in`, `I` the `d x in` (semi-)identity
+    repeated `copies` times, `d = out / copies`) and `b = bias` (`scaled_bias`: `scale * bias`)."""
 
-    def __init__(self, in_dim: int, out_dim: int, bias: bool, options: MapOptions, gain: float = 1.0):
+    def __init__(self, in_dim: int, out_dim: int, bias: bool, scale: float, base: float, copies: int = 1,
+                 scaled_bias: bool = False):
         super().__init__()
-        self.scale, self.base = options.map_scale, (gain if options.init == "identity" else 0.0)
+        self.scale, self.base, self.copies, self.scaled_bias = float(scale), float(base), copies, scaled_bias
         self.weight = nn.Parameter(torch.empty(out_dim, in_dim))  # A
         self.bias = nn.Parameter(torch.empty(out_dim)) if bias else None
 
+    def identity(self, like: torch.Tensor) -> torch.Tensor:
+        out_dim, in_dim = self.weight.shape
+        eye = torch.eye(out_dim // self.copies, in_dim, dtype=like.dtype, device=like.device)
+        return eye.repeat(self.copies, 1)
+
     def effective_weight(self) -> torch.Tensor:
         weight = self.scale * self.weight
-        if self.base:
-            weight = weight + self.base * torch.eye(*weight.shape, dtype=weight.dtype, device=weight.device)
-        return weight
+        return weight + self.base * self.identity(weight) if self.base else weight
+
+    def effective_bias(self) -> torch.Tensor | None:
+        return self.bias if self.bias is None or not self.scaled_bias else self.scale * self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`scale * (A x) + base * (I x) + b`: elementwise work on x's rows, not on a d x d
         weight and identity rebuilt per call (which a one-position generation step notices)."""
-        out = F.linear(x, self.weight) * self.scale
+        inner_bias = self.bias if self.scaled_bias else None
+        out = F.linear(x, self.weight, inner_bias)
+        if self.scale != 1.0:
+            out = out * self.scale
         if self.base:
-            out_dim, in_dim = self.weight.shape
-            identity = x[..., :out_dim] if out_dim <= in_dim else F.pad(x, (0, out_dim - in_dim))
-            out = out + self.base * identity
-        return out if self.bias is None else out + self.bias
+            d = self.weight.shape[0] // self.copies
+            identity = x[..., :d] if d <= x.shape[-1] else F.pad(x, (0, d - x.shape[-1]))
+            out = (out.unflatten(-1, (self.copies, d)) + self.base * identity.unsqueeze(-2)).flatten(-2)
+        return out if self.bias is None or self.scaled_bias else out + self.bias
 
     def reset(self) -> None:
         """Identity init: `W = base I` (`A = 0`), bias 0. Reference init (`base = 0`): every
@@ -85,5 +140,4 @@ class ScaledMap(nn.Module):
     @torch.no_grad()
     def set_effective_weight(self, weight: torch.Tensor) -> None:
         """Store `A` so that `effective_weight()` is `weight` (conversion from a trained head)."""
-        eye = torch.eye(*weight.shape, dtype=weight.dtype, device=weight.device)
-        self.weight.copy_((weight - self.base * eye) / self.scale)
+        self.weight.copy_((weight - self.base * self.identity(weight)) / self.scale)

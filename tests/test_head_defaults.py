@@ -135,10 +135,9 @@ def test_a_scaled_map_computes_its_effective_linear_map(in_dim, out_dim, init):
     """`forward` never builds `base I + scale A`; it must equal `F.linear` with it, for
     square and semi-identity shapes (gradients included)."""
     from hf_outheads.head_joint import JointOptions
-    from hf_outheads.scaled_map import ScaledMap
 
     torch.manual_seed(0)
-    layer = ScaledMap(in_dim, out_dim, True, JointOptions(init=init, map_scale=0.1), gain=2.0)
+    layer = JointOptions(init=init, map_scale=0.1).scaled_map(in_dim, out_dim, True, gain=2.0)
     layer.reset()
     with torch.no_grad():
         layer.weight.normal_()
@@ -151,3 +150,39 @@ def test_a_scaled_map_computes_its_effective_linear_map(in_dim, out_dim, init):
     grads = torch.autograd.grad(got.square().sum(), [x, layer.weight, layer.bias])
     for g, w in zip(grads, torch.autograd.grad(want.square().sum(), [x, layer.weight, layer.bias])):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("in_dim, d", [(8, 8), (8, 5), (5, 8)])
+def test_a_latent_scaled_map_is_the_same_formula_with_copies_and_a_scaled_bias(in_dim, d):
+    """The mixtures' latent maps are `ScaledMap`s too: 3 copies of the identity, `base = 1 - s`,
+    bias `s c`; forward equals `F.linear` with `effective_weight()` and `effective_bias()`, and
+    `set_effective_weight` stores a given map whatever `s`."""
+    from hf_outheads.scaled_map import ScaledMap
+
+    torch.manual_seed(0)
+    layer = ScaledMap(in_dim, 3 * d, True, 0.1, 0.9, copies=3, scaled_bias=True).double()
+    with torch.no_grad():
+        layer.weight.normal_()
+        layer.bias.normal_()
+    x = torch.randn(2, 4, in_dim, dtype=torch.float64)
+    want = torch.nn.functional.linear(x, layer.effective_weight(), layer.effective_bias())
+    torch.testing.assert_close(layer(x), want)
+    eye = torch.eye(d, in_dim, dtype=torch.float64).repeat(3, 1)
+    torch.testing.assert_close(layer.effective_weight(), 0.9 * eye + 0.1 * layer.weight)
+    target = torch.randn(3 * d, in_dim, dtype=torch.float64)
+    layer.set_effective_weight(target)
+    torch.testing.assert_close(layer.effective_weight(), target)
+
+
+def test_every_map_scale_default_is_in_one_table():
+    """`MAP_SCALE_DEFAULTS` is where every head's map_scale defaults come from."""
+    from hf_outheads import HEAD_CLASSES
+    from hf_outheads.scaled_map import MAP_SCALE_DEFAULTS, MapScaleOptions
+
+    with_maps = {name for name, cls in HEAD_CLASSES.items() if issubclass(cls.Options, MapScaleOptions)}
+    assert with_maps == set(MAP_SCALE_DEFAULTS)
+    for name, row in MAP_SCALE_DEFAULTS.items():
+        options = HEAD_CLASSES[name].Options
+        assert options.scratch_defaults["map_scale"] == row.scratch
+        assert options.conversion_defaults["map_scale"] == row.conversion
+        assert options.saved_defaults.get("map_scale") == row.saved
