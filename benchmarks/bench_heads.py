@@ -40,22 +40,21 @@ import subprocess
 import sys
 import time
 
-HEAD_OPTIONS = {  # the settings the performance targets name (README.md, Performance)
-    "tied": {},
-    "backbone": {},  # the backbone alone (loss on its hidden states): the part of a step no head changes
-    "tied-chunked": {"training_loss": "chunked"},  # the exact loss without N x |V| logits
-    "linear": {},
-    "bilinear": {},
-    "joint": {},  # joint_dim = d_h
-    "drill": {"depth": 2},
-    "mos": {"num_components": 15},
-    "doc": {"components": [[-1, 10], [-2, 5]]},  # J = 15, as mos
-    "mos-reference": {"num_components": 15},
-    "mos-k3": {"num_components": 3},  # the Efficient-MoS paper's comparison point (Table 3: K = 3)
-    "lightrnn": {"num_components": 1},  # HybridLightRNN, default table (F = 4096, ~168 x 168 at 32K)
-    "lightrnn-k3": {"num_components": 3},  # HybridLightRNN-MoS, vs mos-k3
-    "lightrnn-k15": {"num_components": 15},  # vs mos (K = 15)
-}
+
+def head_options() -> dict[str, dict]:
+    """Every case: `tied` and `backbone` (the ratios' bases; `backbone` is the backbone alone, the
+    loss on its hidden states: the part of a step no head changes), then every registered head's
+    `benchmark_options` (variants named `head_type-variant`)."""
+    from hf_outheads import HEAD_CLASSES
+
+    cases = {"tied": {}, "backbone": {}}
+    for head_type, cls in HEAD_CLASSES.items():
+        for variant, options in cls.benchmark_options.items():
+            cases.setdefault(f"{head_type}-{variant}" if variant else head_type, options)
+    return cases
+
+
+HEAD_OPTIONS = head_options()
 SEQ_LEN = 512
 MAX_LOAD = 0.5  # 1-minute load average above which timings are not trusted
 

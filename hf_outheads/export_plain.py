@@ -41,6 +41,14 @@ class PlainExport:
     mean_kl: float | None = None
 
 
+def plain_export_capabilities() -> dict[str, bool]:
+    """The export's capability table: head type -> whether, with its default options, its model
+    exports exactly (the head class's `exact_plain_export`), for every registered head."""
+    from .head_catalog import HEAD_CLASSES
+
+    return {head_type: cls.exact_plain_export for head_type, cls in HEAD_CLASSES.items()}
+
+
 def _scaled(weight: torch.Tensor, factor: float) -> torch.Tensor:
     return weight if factor == 1.0 else (weight.double() * factor).to(weight.dtype)
 

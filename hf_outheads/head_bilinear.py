@@ -19,7 +19,7 @@ import torch
 
 from .options import HeadDims
 from .scaled_map import MapOptions
-from .head_interface import TiedToEmbeddings
+from .head_interface import Paper, TiedToEmbeddings
 from .softmax import SoftmaxHead
 
 
@@ -33,6 +33,15 @@ class BilinearOptions(MapOptions):
 class BilinearHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "bilinear"
     Options = BilinearOptions
+    papers = (Paper("Colorless Green Recurrent Networks Dream Hierarchically", "https://aclanthology.org/N18-1108", """\
+@inproceedings{gulordava-etal-2018-colorless,
+  title = {Colorless Green Recurrent Networks Dream Hierarchically},
+  author = {Gulordava, Kristina and Bojanowski, Piotr and Grave, Edouard and Linzen, Tal and Baroni, Marco},
+  booktitle = {Proceedings of the 2018 Conference of the North American Chapter of the Association for Computational Linguistics: Human Language Technologies},
+  year = {2018},
+  pages = {1195--1205}
+}""", arxiv="1803.11138"),)
+    exact_plain_export = exact_conversion = True
 
     def __init__(self, options: BilinearOptions, dims: HeadDims):
         super().__init__(options, dims)

@@ -45,7 +45,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .head_interface import IGNORE_INDEX, HeadInputs
+from .head_interface import IGNORE_INDEX, HeadInputs, Paper
 from .latents import MixtureOptions
 from .mixture import MixtureHead
 from .options import HeadDims, flag, number, pairs
@@ -83,6 +83,16 @@ class DOCOptions(MixtureOptions):
 class DOCHead(MixtureHead):
     head_type = "doc"
     Options = DOCOptions
+    papers = (Paper("Direct Output Connection for a High-Rank Language Model", "https://aclanthology.org/D18-1489", """\
+@inproceedings{takase-etal-2018-direct,
+  title = {Direct Output Connection for a High-Rank Language Model},
+  author = {Takase, Sho and Suzuki, Jun and Nagata, Masaaki},
+  booktitle = {Proceedings of the 2018 Conference on Empirical Methods in Natural Language Processing},
+  year = {2018},
+  pages = {4599--4609}
+}""", arxiv="1808.10143"),)
+    benchmark_options = {"": {"components": [[-1, 10], [-2, 5]]}}  # J = 15, as mos
+    contract_options = {"components": [[-1, 2], [1, 1], [0, 1]], "latent_dropout": 0.1}
     shared_dropout_mask = True
 
     def component_groups(self) -> list[tuple[int, int]]:

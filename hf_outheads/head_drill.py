@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from transformers import initialization as init
 
 from .options import HeadDims, choice, flag, integer, number, require_tied_width
-from .head_interface import TiedToEmbeddings
+from .head_interface import Paper, TiedToEmbeddings
 from .softmax import EncodedLabelsOptions, SoftmaxHead
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
@@ -188,6 +188,20 @@ class DrillHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "drill"
     keeps_label_matrix = True
     Options = DrillOptions
+    papers = (Paper("Deep Residual Output Layers for Neural Language Generation",
+                    "https://proceedings.mlr.press/v97/pappas19a.html", """\
+@inproceedings{pappas2019deep,
+  title = {Deep Residual Output Layers for Neural Language Generation},
+  author = {Pappas, Nikolaos and Henderson, James},
+  booktitle = {Proceedings of the 36th International Conference on Machine Learning},
+  series = {Proceedings of Machine Learning Research},
+  volume = {97},
+  pages = {5000--5011},
+  year = {2019}
+}""", arxiv="1905.05513"),)
+    exact_plain_export = exact_conversion = True
+    benchmark_options = {"": {"depth": 2}}
+    contract_options = {"depth": 2}
 
     def __init__(self, options: DrillOptions, dims: HeadDims):
         super().__init__(options, dims)

@@ -54,8 +54,33 @@ class HeadOutput:
     aux_loss: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Paper:
+    """A paper a head implements: its card's `arxiv:<id>` tag (None: not on arXiv) and citation."""
+
+    title: str
+    url: str
+    bibtex: str
+    arxiv: str | None = None
+
+
 class OutputHead(nn.Module):
     """Interface of every output head.
+
+    Facts every head class states about itself, from which the catalog's users derive their
+    lists (model cards, benchmarks, the export's capability table, the contract tests), so that a
+    new head is its own file plus its line in `head_catalog.py`:
+      - `papers`: the papers it implements (card tags and citations);
+      - `exact_plain_export`: with its default options `export_plain` writes a stock LM head
+        whose logits are the head's (a single softmax of an affine map of `h`);
+      - `exact_conversion`: with its default options, converted (`from_backbone`) from a tied LM
+        head (GPT-2's), it reproduces the original's logits;
+      - `training_losses()`: the training losses it offers (its options' `training_loss` choices;
+        `("exact",)` for heads whose training loss is always the exact fused one);
+      - `benchmark_options`: `{variant: options}` the benchmark runs it with ("" the plain one;
+        a variant is named `head_type-variant`);
+      - `contract_options`: the options the shared contract tests build it with, on the tests'
+        tiny backbones (hidden 32, 2 layers, vocabulary 99).
 
     Capabilities the model reads:
       - `layer_indices`: indices into the backbone's `hidden_states` the head needs besides
@@ -77,6 +102,21 @@ class OutputHead(nn.Module):
     Options: ClassVar[type[HeadOptions]] = HeadOptions
     returns_log_probs: ClassVar[bool] = False
     updates_periodically: ClassVar[bool] = False
+    papers: ClassVar[tuple[Paper, ...]] = ()
+    exact_plain_export: ClassVar[bool] = False
+    exact_conversion: ClassVar[bool] = False
+    benchmark_options: ClassVar[dict[str, dict]] = {"": {}}
+    contract_options: ClassVar[dict] = {}
+
+    @classmethod
+    def training_losses(cls) -> tuple[str, ...]:
+        """The `training_loss` choices its options declare; `("exact",)` when it has no such option."""
+        spec = next((f.metadata["spec"] for f in dataclasses.fields(cls.Options) if f.name == "training_loss"), None)
+        return spec.choices if spec is not None else ("exact",)
+
+    @classmethod
+    def offers_sampled_loss(cls) -> bool:
+        return "sampled" in cls.training_losses()
 
     def __init__(self, options: HeadOptions, dims: HeadDims):
         """`options`: resolved for `dims` (`options.resolve(dims)`; a model's come from

@@ -38,7 +38,7 @@ import torch
 
 from .options import HeadDims, choice, integer
 from .scaled_map import MapOptions, ScaledMap
-from .head_interface import TiedToEmbeddings
+from .head_interface import Paper, TiedToEmbeddings
 from .softmax import SoftmaxHead
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "identity": lambda x: x}
@@ -77,6 +77,18 @@ class JointHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "joint"
     keeps_label_matrix = True
     Options = JointOptions
+    papers = (Paper("Beyond Weight Tying: Learning Joint Input-Output Embeddings for Neural Machine Translation",
+                    "https://aclanthology.org/W18-6308", """\
+@inproceedings{pappas-etal-2018-beyond,
+  title = {Beyond Weight Tying: Learning Joint Input-Output Embeddings for Neural Machine Translation},
+  author = {Pappas, Nikolaos and Miculicich, Lesly and Henderson, James},
+  booktitle = {Proceedings of the Third Conference on Machine Translation: Research Papers},
+  year = {2018},
+  pages = {73--83}
+}""", arxiv="1808.10681"),)
+    exact_plain_export = exact_conversion = True  # with identity activation (the default)
+    benchmark_options = {"": {}}  # joint_dim = d_h
+    contract_options = {"joint_dim": 16}
 
     def __init__(self, options: JointOptions, dims: HeadDims):
         super().__init__(options, dims)

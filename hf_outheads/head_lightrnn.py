@@ -53,8 +53,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, TiedToEmbeddings, nll_sum_from_logits,
-                             word_count_vector)
+from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, Paper, TiedToEmbeddings,
+                             nll_sum_from_logits, word_count_vector)
+from .head_mos import KONG_2019
 from .lightrnn_table import (EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
                              resize_codes, table_grid, table_shape)
@@ -88,6 +89,23 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     head_type = "lightrnn"
     Options = LightRNNOptions
     returns_log_probs = True
+    papers = (KONG_2019, Paper("LightRNN: Memory and Computation-Efficient Recurrent Neural Networks",
+                               "https://arxiv.org/abs/1610.09893", """\
+@inproceedings{li2016lightrnn,
+  title = {{LightRNN}: Memory and Computation-Efficient Recurrent Neural Networks},
+  author = {Li, Xiang and Qin, Tao and Yang, Jian and Liu, Tie-Yan},
+  booktitle = {Advances in Neural Information Processing Systems},
+  volume = {29},
+  year = {2016}
+}""", arxiv="1610.09893"))
+    benchmark_options = {
+        "": {"num_components": 1},  # HybridLightRNN, default table (F = 4096, ~168 x 168 at 32K)
+        "k3": {"num_components": 3},  # HybridLightRNN-MoS, vs mos-k3
+        "k15": {"num_components": 15},  # vs mos (K = 15)
+    }
+    # 8 exclusive codes + an 8 x 16 table for 99 words: 37 empty cells, two empty rows
+    contract_options = {"num_components": 2, "num_exclusive": 8, "num_rows": 8, "num_columns": 16,
+                        "latent_dropout": 0.1}
     updates_periodically = True  # re-assigns its table: see the module docstring
 
     def __init__(self, options: LightRNNOptions, dims: HeadDims):

@@ -43,6 +43,7 @@ class LinearHead(OwnOutputMatrix, SoftmaxHead):
 
     head_type = "linear"
     Options = LinearOptions
+    exact_plain_export = exact_conversion = True
 
     def __init__(self, options: LinearOptions, dims: HeadDims):
         super().__init__(options, dims)

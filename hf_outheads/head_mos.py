@@ -57,9 +57,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from .head_interface import Paper
 from .latents import MixtureOptions
 from .mixture import MixtureHead
 from .options import integer
+
+
+YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Model", "https://arxiv.org/abs/1711.03953",
+                  """\
+@inproceedings{yang2018breaking,
+  title = {Breaking the Softmax Bottleneck: A High-Rank {RNN} Language Model},
+  author = {Yang, Zhilin and Dai, Zihang and Salakhutdinov, Ruslan and Cohen, William W.},
+  booktitle = {International Conference on Learning Representations},
+  year = {2018}
+}""", arxiv="1711.03953")
+KONG_2019 = Paper("Fast and Simple Mixture of Softmaxes with BPE and Hybrid-LightRNN for Language Generation",
+                  "https://arxiv.org/abs/1809.09296", """\
+@inproceedings{kong2019fast,
+  title = {Fast and Simple Mixture of Softmaxes with {BPE} and Hybrid-{LightRNN} for Language Generation},
+  author = {Kong, Xiang and Xie, Qizhe and Dai, Zihang and Hovy, Eduard},
+  booktitle = {Proceedings of the AAAI Conference on Artificial Intelligence},
+  volume = {33},
+  pages = {6626--6633},
+  year = {2019}
+}""", arxiv="1809.09296")
 
 
 @dataclass
@@ -72,6 +93,14 @@ class MoSOptions(MixtureOptions):
 class MoSHead(MixtureHead):
     head_type = "mos"
     Options = MoSOptions
+    papers = (YANG_2018, KONG_2019)
+    exact_conversion = True
+    benchmark_options = {
+        "": {"num_components": 15},
+        "reference": {"num_components": 15},  # the published MoS code's computation (benchmarks/reference_mos.py)
+        "k3": {"num_components": 3},  # the Efficient-MoS paper's comparison point (Table 3: K = 3)
+    }
+    contract_options = {"num_components": 3, "latent_dropout": 0.1}
     shared_dropout_mask = False
 
     def component_groups(self) -> list[tuple[int, int]]:

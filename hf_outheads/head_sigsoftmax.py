@@ -31,7 +31,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits
+from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits
 from .head_linear import OwnOutputMatrix
 from .losses import mixture_nll_sum
 from .options import HeadDims, HeadOptions, choice, flag
@@ -69,6 +69,15 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
 
     head_type = "sigsoftmax"
     Options = SigSoftmaxOptions
+    papers = (Paper("Sigsoftmax: Reanalysis of the Softmax Bottleneck", "https://arxiv.org/abs/1805.10829", """\
+@inproceedings{kanai2018sigsoftmax,
+  title = {Sigsoftmax: Reanalysis of the Softmax Bottleneck},
+  author = {Kanai, Sekitoshi and Fujiwara, Yasuhiro and Yamanaka, Yuki and Adachi, Shuichi},
+  booktitle = {Advances in Neural Information Processing Systems},
+  volume = {31},
+  year = {2018}
+}""", arxiv="1805.10829"),)
+    benchmark_options = {"": {}, "chunked": {"training_loss": "chunked"}}
 
     def __init__(self, options: SigSoftmaxOptions, dims: HeadDims):
         super().__init__(options, dims)

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from .options import HeadDims, require_tied_width
-from .head_interface import TiedToEmbeddings
+from .head_interface import Paper, TiedToEmbeddings
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 
@@ -24,6 +24,26 @@ class TiedHead(TiedToEmbeddings, SoftmaxHead):
 
     head_type = "tied"
     Options = TiedOptions
+    papers = (
+        Paper("Using the Output Embedding to Improve Language Models", "https://aclanthology.org/E17-2025", """\
+@inproceedings{press-wolf-2017-using,
+  title = {Using the Output Embedding to Improve Language Models},
+  author = {Press, Ofir and Wolf, Lior},
+  booktitle = {Proceedings of the 15th Conference of the European Chapter of the Association for Computational Linguistics: Volume 2, Short Papers},
+  year = {2017},
+  pages = {157--163}
+}""", arxiv="1608.05859"),
+        Paper("Tying Word Vectors and Word Classifiers: A Loss Framework for Language Modeling",
+              "https://arxiv.org/abs/1611.01462", """\
+@inproceedings{inan2017tying,
+  title = {Tying Word Vectors and Word Classifiers: A Loss Framework for Language Modeling},
+  author = {Inan, Hakan and Khosravi, Khashayar and Socher, Richard},
+  booktitle = {International Conference on Learning Representations},
+  year = {2017}
+}""", arxiv="1611.01462"),
+    )
+    exact_plain_export = exact_conversion = True
+    benchmark_options = {"": {}, "chunked": {"training_loss": "chunked"}}  # chunked: the exact loss without N x |V| logits
 
     def reset_parameters(self) -> None:
         self.reset_bias()

@@ -12,17 +12,29 @@ import json
 import os
 
 PLACEHOLDER_REPO = "<namespace>/<model-name>"
-# head type -> arXiv ids of its papers: `arxiv:<id>` tags, which the Hub links to the paper pages
-HEAD_PAPERS = {
-    "tied": ("1611.01462", "1608.05859"),  # Inan et al. 2016; Press & Wolf 2017
-    "bilinear": ("1803.11138",),  # Gulordava et al. 2018
-    "joint": ("1808.10681",),  # Pappas, Miculicich & Henderson 2018
-    "drill": ("1905.05513",),  # Pappas & Henderson 2019
-    "mos": ("1711.03953",),  # Yang et al. 2018
-    "doc": ("1808.10143",),  # Takase, Suzuki & Nagata 2018
-    "lightrnn": ("1809.09296", "1610.09893"),  # Kong et al. 2019 (Efficient MoS); Li et al. 2016
-    "sigsoftmax": ("1805.10829",),  # Kanai et al. 2018
-}
+
+
+def head_papers(head_type: str):
+    """The papers of `head_type` (its class's `papers`): `arxiv:<id>` tags, which the Hub links
+    to the paper pages, and the citation section."""
+    from .head_catalog import get_head_class
+
+    return get_head_class(head_type).papers
+
+
+def paper_tags(head_type: str) -> list[str]:
+    return [f"arxiv:{paper.arxiv}" for paper in head_papers(head_type) if paper.arxiv]
+
+
+def citation_section(head_type: str) -> str | None:
+    """Markdown naming the head's papers with their BibTeX (None: it cites none), for a card's
+    "Citation" section."""
+    papers = head_papers(head_type)
+    if not papers:
+        return None
+    links = ", ".join(f"[{paper.title}]({paper.url})" for paper in papers)
+    bibtex = "\n".join(paper.bibtex.strip() for paper in papers)
+    return f"Paper{'s' if len(papers) > 1 else ''}: {links}.\n\n```bibtex\n{bibtex}\n```"
 
 
 def model_tags(config) -> list[str]:
@@ -31,7 +43,7 @@ def model_tags(config) -> list[str]:
     head, the backbone family, remote code and the head's papers."""
     text = config.text_config
     tags = ["hf_outheads", f"outheads-{config.head_type}", text.model_type, "custom_code"]
-    return tags + [f"arxiv:{paper}" for paper in HEAD_PAPERS.get(config.head_type, ())]
+    return tags + paper_tags(config.head_type)
 
 
 def pipeline_tag(auto_class: str) -> str:
@@ -138,7 +150,7 @@ def build_plain_model_card(model, export):
 
     config, text = model.config, model.config.text_config
     auto_class = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
-    papers = [f"arxiv:{paper}" for paper in HEAD_PAPERS.get(config.head_type, ())]
+    papers = paper_tags(config.head_type)
     data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag(auto_class),
                          base_model=hub_base_model(getattr(config, "base_model", None)),
                          tags=[text.model_type, f"outheads-{config.head_type}", "hf_outheads-export", *papers])

@@ -49,8 +49,77 @@ def logits_of(model, inputs):
         return model(**inputs).logits
 
 
+TOY_HEAD = '''"""`toy`: a throwaway head of the completeness test (an untied softmax)."""
+
+from typing import ClassVar
+
+from .head_interface import Paper
+from .head_linear import LinearHead, LinearOptions
+
+
+class ToyOptions(LinearOptions):
+    head_type: ClassVar[str] = "toy"
+
+
+class ToyHead(LinearHead):
+    head_type = "toy"
+    Options = ToyOptions
+    papers = (Paper("A Toy Output Layer", "https://example.org/toy", "@misc{toy2026, title = {A Toy}}", arxiv="2601.00001"),)
+    exact_plain_export = True
+    benchmark_options = {"": {}, "small": {"output_bias": False}}
+    contract_options = {"output_bias": False}
+'''
+
+CHECK_TOY = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]  # the tests' helpers, the benchmarks
+import hf_outheads, torch
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+from hf_outheads.export_plain import plain_export_capabilities
+from hf_outheads.model_card import build_model_card, citation_section
+from head_cases import HEAD_CASES
+from bench_heads import HEAD_OPTIONS
+from tiny import tiny_config
+
+assert "/copy/" in hf_outheads.__file__, hf_outheads.__file__
+model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), head_type="toy",
+                                           head_options=HEAD_CASES["toy"]))
+card = str(build_model_card(model))
+assert "arxiv:2601.00001" in card and "outheads-toy" in card, card
+assert "@misc{toy2026" in citation_section("toy")
+assert HEAD_OPTIONS["toy"] == {} and HEAD_OPTIONS["toy-small"] == {"output_bias": False}
+assert plain_export_capabilities()["toy"] is True
+assert HEAD_CASES["toy"] == {"output_bias": False}
+assert model.export_plain(sys.argv[3]).exact
+print("toy everywhere")
+"""
+
+
 def test_every_registered_head_has_a_case():
-    assert set(HEAD_CLASSES) == set(HEAD_CASES), "add a row to tests/head_cases.py for every registered head"
+    assert set(HEAD_CLASSES) == set(HEAD_CASES)
+
+
+def test_a_new_head_is_one_file_and_one_catalog_line(tmp_path):
+    """A throwaway head in a copy of the package: its file plus one import line in head_catalog.py,
+    nothing else; its card (tags and citation), the benchmark's cases, the export's capability
+    table and the contract cases all pick it up."""
+    import shutil
+    from pathlib import Path
+
+    from subprocess_runs import run
+
+    root = Path(__file__).resolve().parents[1]
+    package = tmp_path / "copy" / "hf_outheads"
+    shutil.copytree(root / "hf_outheads", package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "head_toy.py").write_text(TOY_HEAD)
+    catalog = (package / "head_catalog.py").read_text()
+    line = "from .head_sigsoftmax import SigSoftmaxHead\n"
+    assert line in catalog
+    (package / "head_catalog.py").write_text(catalog.replace(line, line + "from .head_toy import ToyHead\n"))
+    env = {**os.environ, "PYTHONPATH": str(package.parent)}
+    result = run([sys.executable, "-c", CHECK_TOY, str(root / "tests"), str(root / "benchmarks"), str(tmp_path / "plain")],
+                 env=env, timeout=240, cwd=tmp_path)
+    assert result.returncode == 0 and "toy everywhere" in result.stdout, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)

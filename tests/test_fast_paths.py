@@ -3,11 +3,13 @@
 import pytest
 import torch
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM
+from head_cases import HEAD_CASES
 from hf_outheads.sampled_softmax import sample_candidates, sampled_nll_sum
 from tiny import tiny_config
 
-SINGLE = {"tied": {}, "linear": {}, "bilinear": {}, "joint": {"joint_dim": 16}, "drill": {"depth": 2}}
+# the heads with the chunked and the sampled training loss (`training_losses()`), with their contract options
+SINGLE = {head: HEAD_CASES[head] for head, cls in HEAD_CLASSES.items() if cls.offers_sampled_loss()}
 
 
 def model_for(head, **options):

@@ -3,7 +3,6 @@ positions, word counts, loaded code tables, incomplete configs, generation lengt
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -12,17 +11,15 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2Config
 
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
-from hf_outheads.softmax import SoftmaxHead
 from hf_outheads.head_catalog import get_head_class
 from head_cases import HEAD_CASES
 from tiny import VOCAB, tiny_config, tiny_model, tiny_original
 
+
 def training_losses(head: str) -> tuple:
-    """The `training_loss` values a single-softmax head's options declare; (None,) for the others."""
-    if not issubclass(get_head_class(head), SoftmaxHead):
-        return (None,)
-    field = next(f for f in dataclasses.fields(get_head_class(head).Options) if f.name == "training_loss")
-    return field.metadata["spec"].choices
+    """The `training_loss` values a head offers (`training_losses()`); (None,) for heads without the option."""
+    losses = get_head_class(head).training_losses()
+    return (None,) if losses == ("exact",) else losses
 
 
 LOSS_CASES = [(head, loss) for head in sorted(HEAD_CASES) for loss in training_losses(head)]

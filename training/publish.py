@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard
 
-from hf_outheads.model_card import build_model_card, pipeline_tag
+from hf_outheads.model_card import build_model_card, citation_section, pipeline_tag
 
 from .evaluation import SAMPLING
 from .tracking import RESULTS_FILE, read_metrics
 
-CARDS_DIR = Path(__file__).resolve().parents[1] / "model_cards"
 CURVE_FILE = "training_curve.png"
 # eval key -> (model-index metric type, display name); BLEU etc. are on sacrebleu's 0-100 scale
 CARD_METRICS = {
@@ -70,12 +68,6 @@ def plot_training_curve(output_dir: Path) -> Path | None:
     return path
 
 
-def head_papers(head_type: str) -> list[dict]:
-    """The papers (title, url, bibtex) of `head_type` in model_cards/papers.yaml; none for a head not there."""
-    entries = yaml.safe_load((CARDS_DIR / "papers.yaml").read_text())
-    return entries.get(head_type, {}).get("papers", [])
-
-
 STDLIB_TASKS = {  # stdlib_docstrings config -> what the run learnt
     "text": "language modelling on the docstrings of the Python standard library",
     "summary": "writing a function's docstring summary line (its first sentence) from its qualified name and "
@@ -99,7 +91,7 @@ def dataset_description(options) -> tuple[str, str]:
 
 def run_sections(model, tokenizer, options, results, output_dir: Path, data_prose: str) -> dict[str, str]:
     """The run's sections of the card: data, procedure (and the training curve), evaluation
-    results and sample, and the head's papers with BibTeX (`model_cards/papers.yaml`)."""
+    results and sample, and the head's papers with BibTeX (the head class's `papers`)."""
     text = model.config.text_config
     backbone = (f"converted from `{options.pretrained}` with `from_backbone`" if options.pretrained
                 else f"the `{options.model_preset}` preset (`{text.model_type}`), randomly initialised")
@@ -114,11 +106,9 @@ def run_sections(model, tokenizer, options, results, output_dir: Path, data_pros
         f"On the `{options.validation_split}` split ({results.get('eval_examples')} examples, "
         f"{results.get('eval_tokens')} tokens):\n\n| metric | value |\n| --- | --- |\n{table}"
         + (f"\nA generated sample:\n\n```text\n{sample}\n```\n" if sample else ""))
-    papers = head_papers(model.config.head_type)
-    if papers:
-        links = ", ".join(f"[{paper['title']}]({paper['url']})" for paper in papers)
-        bibtex = "\n".join(paper["bibtex"].strip() for paper in papers)
-        sections["Citation"] = f"Paper{'s' if len(papers) > 1 else ''}: {links}.\n\n```bibtex\n{bibtex}\n```"
+    citation = citation_section(model.config.head_type)
+    if citation:
+        sections["Citation"] = citation
     return sections
 
 
