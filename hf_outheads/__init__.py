@@ -21,26 +21,11 @@ _MODELING = ("OutHeadsCausalLMOutput", "OutHeadsForCausalLM", "OutHeadsForSeq2Se
              "OutHeadsSeq2SeqLMOutput")
 
 
-def _modeling():
-    """Import the model classes and register them with the Auto classes (once)."""
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
-    from . import modeling_outheads as modeling
-
-    if OutHeadsConfig._on_first_config is not None:
-        OutHeadsConfig._on_first_config = None
-        AutoModel.register(OutHeadsConfig, (modeling.OutHeadsForCausalLM, modeling.OutHeadsForSeq2SeqLM), exist_ok=True)
-        AutoModelForCausalLM.register(OutHeadsConfig, modeling.OutHeadsForCausalLM, exist_ok=True)
-        AutoModelForSeq2SeqLM.register(OutHeadsConfig, modeling.OutHeadsForSeq2SeqLM, exist_ok=True)
-    return modeling
-
-
-OutHeadsConfig._on_first_config = _modeling
-
-
 def __getattr__(name: str):
     if name in _MODELING:
-        return getattr(_modeling(), name)
+        from . import modeling_outheads
+
+        return getattr(modeling_outheads, name)
     raise AttributeError(f"module 'hf_outheads' has no attribute '{name}'")
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
-from typing import Any, Callable, ClassVar
+import sys
+from typing import Any
 
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
@@ -17,6 +19,7 @@ FROM_BACKBONE = ("Build the model with OutHeadsForCausalLM.from_backbone(...) / 
                  "(a plain transformers model or its folder), or OutHeadsConfig(text_config=..., head_type=...).")
 _GENERATION_KEYS: set[str] = set()
 _RESOLVED = "_resolved_head_options"  # where the config keeps `resolved_head_options`
+PACKAGE = "hf_outheads"  # the installed package (remote code loads these files under another name)
 
 
 def not_from_backbone(name: str) -> bool:
@@ -25,6 +28,17 @@ def not_from_backbone(name: str) -> bool:
     if not _GENERATION_KEYS:
         _GENERATION_KEYS.update(GenerationConfig._get_default_generation_params())
     return name.startswith("_") or name in _GENERATION_KEYS
+
+
+def import_model_classes() -> None:
+    """Import the installed package's model classes (`modeling_outheads`, which registers them with
+    the Auto model classes when imported), once, when a config is first built: every
+    `Auto*.from_pretrained` / `from_config` of this model type builds its config first, so
+    `import hf_outheads` (which registers only this config, importing no modelling code) is all
+    those calls need. Remote code's copy of this module (another package) imports nothing: there
+    transformers loads the model class itself."""
+    if __package__ == PACKAGE and f"{PACKAGE}.modeling_outheads" not in sys.modules:
+        importlib.import_module(f"{PACKAGE}.modeling_outheads")
 
 
 class OutHeadsConfig(PretrainedConfig):
@@ -60,12 +74,8 @@ class OutHeadsConfig(PretrainedConfig):
     base_model: str | None = None
     is_encoder_decoder: bool = False
     tie_word_embeddings: bool = False  # the `tied` head reads E at call time: no weight is duplicated
-    # set by the package's __init__: imports and registers the model classes when a config is first built
-    _on_first_config: ClassVar[Callable[[], Any] | None] = None
-
     def __post_init__(self, **kwargs):
-        if OutHeadsConfig._on_first_config is not None:
-            OutHeadsConfig._on_first_config()
+        import_model_classes()
         super().__post_init__(**kwargs)
         text = self.text_config
         if text is None:  # the argument-less config transformers builds (diffs, defaults): no model from it

@@ -25,9 +25,11 @@ import os
 from dataclasses import dataclass
 
 import torch
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
-from .head_interface import IGNORE_INDEX, OutputHead, next_token_labels
+logger = logging.get_logger(__name__)
+
+from .head_interface import IGNORE_INDEX, OutputHead
 
 
 @dataclass
@@ -83,14 +85,28 @@ def is_fused_lm_head_patch(model, value) -> bool:
     return "fused_lm_head" in parameters
 
 
+# The contract with TRL's `trl.trainer.utils.add_fused_lm_head(model, temperature=...)` (TRL 1.x),
+# which `tests/test_trl_peft.py::test_trl_keeps_the_fused_lm_head_contract` checks against the
+# installed TRL, so that a TRL release that changes it fails the suite instead of training silently
+# at another temperature:
+#   1. it assigns `model.forward` a function bound to the model whose signature takes the keyword
+#      `fused_lm_head` (its documented call: `model(..., labels=labels, fused_lm_head=True)`);
+#   2. that function reads its temperature from the enclosing call's argument named `temperature`
+#      (a free variable of that name).
+TRL_TEMPERATURE_NAME = "temperature"
+
+
 def fused_lm_head_settings(value) -> dict:
-    """The `temperature` the patch was made with (`add_fused_lm_head(model, temperature=...)`)."""
-    try:
-        captured = inspect.getclosurevars(value.__func__).nonlocals
-    except (TypeError, ValueError):
-        captured = {}
-    temperature = captured.get("temperature", 1.0)
-    return {"temperature": float(temperature) if isinstance(temperature, (int, float)) else 1.0}
+    """The `temperature` the patch was made with (`add_fused_lm_head(model, temperature=...)`),
+    read as the TRL contract above says; 1.0 (with a warning) when the patch breaks it."""
+    code, cells = value.__func__.__code__, value.__func__.__closure__ or ()
+    names = dict(zip(code.co_freevars, cells))
+    temperature = names[TRL_TEMPERATURE_NAME].cell_contents if TRL_TEMPERATURE_NAME in names else None
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        logger.warning("A fused-LM-head forward (TRL's add_fused_lm_head) was assigned whose temperature could not "
+                       "be read (no '%s' captured); the head's fused outputs use temperature 1.0.", TRL_TEMPERATURE_NAME)
+        return {"temperature": 1.0}
+    return {"temperature": float(temperature)}
 
 
 def effective_embedding_weight(module: torch.nn.Module) -> torch.Tensor:
@@ -108,9 +124,13 @@ def effective_embedding_weight(module: torch.nn.Module) -> torch.Tensor:
 
 class LibraryHooks:
     """The `OutHeadsFor*` methods that libraries call on a model's output layer: the output
-    embeddings (the head), TRL's fused LM head, resizing, the Hub model card and the plain export
-    (`export_plain`). Mixed into
-    `OutHeadsPreTrainedModel` before `PreTrainedModel`."""
+    embeddings (the head), recognising TRL's fused LM head, resizing, the Hub model card and the
+    plain export (`export_plain`). Mixed into `OutHeadsPreTrainedModel` before `PreTrainedModel`;
+    besides `PreTrainedModel`'s methods it reads only the attributes declared here. (The fused
+    call itself, which runs the head, is the model's: `OutHeadsPreTrainedModel._fused_head_outputs`.)"""
+
+    head: OutputHead  # the output head
+    backbone: torch.nn.Module  # the transformers backbone (`AutoModel`)
 
     def _initialize_weights(self, module, is_custom_code: bool = False):
         """As transformers', except that a head without parameters of its own (`bilinear` or
@@ -144,19 +164,6 @@ class LibraryHooks:
             self._fused_lm_head = fused_lm_head_settings(value)
             return
         super().__setattr__(name, value)
-
-    def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch):
-        """TRL's fused-LM-head call (`fused_lm_head=True`): per-token log-probabilities of the
-        next-token labels, entropy, ... through the head (`integrations.fused_outputs`)."""
-        if shift_labels is None:
-            if labels is None:
-                raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
-            shift_labels = next_token_labels(labels)
-        _, _, logits, aux_loss = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
-        temperature = getattr(self, "_fused_lm_head", {}).get("temperature", 1.0)
-        keep = slice(None) if labels is None else slice(None, -1)  # (batch, seq_len - 1) as TRL's
-        shift_labels = shift_labels.to(logits.device)
-        return fused_outputs(logits[:, keep], shift_labels[:, keep], temperature, num_items_in_batch, aux_loss)
 
     def bind_head_embeddings(self) -> None:
         """Give the head the (decoder) input embedding module, whose weight is `E`: a head that

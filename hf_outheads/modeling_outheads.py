@@ -7,16 +7,16 @@ The classes only use the head interface of `head_interface.py`; they never look 
 from __future__ import annotations
 
 import torch
-from transformers import AutoModel, GenerationMixin, PreTrainedModel
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
-from .configuration_outheads import OutHeadsConfig
+from .configuration_outheads import PACKAGE, OutHeadsConfig
 from .head_catalog import get_head_class
 from .backbones import head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
-from .integrations import LibraryHooks, effective_embedding_weight
+from .integrations import LibraryHooks, effective_embedding_weight, fused_outputs
 from .model_io import OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, shift_right
 from .model_card import model_tags
 
@@ -127,6 +127,20 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             if out.aux_loss is not None:
                 loss = nll + out.aux_loss
         return loss, nll, out.logits, out.aux_loss
+
+    def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch):
+        """TRL's fused-LM-head call (`fused_lm_head=True`): per-token log-probabilities of the
+        next-token labels, entropy, ... through the head (`integrations.fused_outputs`), at the
+        temperature of TRL's patch (`integrations.LibraryHooks.__setattr__`)."""
+        if shift_labels is None:
+            if labels is None:
+                raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
+            shift_labels = next_token_labels(labels)
+        _, _, logits, aux_loss = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
+        temperature = getattr(self, "_fused_lm_head", {}).get("temperature", 1.0)
+        keep = slice(None) if labels is None else slice(None, -1)  # (batch, seq_len - 1) as TRL's
+        shift_labels = shift_labels.to(logits.device)
+        return fused_outputs(logits[:, keep], shift_labels[:, keep], temperature, num_items_in_batch, aux_loss)
 
     def _needs_hidden_states(self, output_hidden_states):
         """(what to ask the backbone for, what to return to the caller): booleans, or for a list
@@ -275,3 +289,15 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
 OutHeadsConfig.register_for_auto_class()
 OutHeadsForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 OutHeadsForSeq2SeqLM.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+
+def register_auto_classes() -> None:
+    """Register the model classes with `AutoModel`, `AutoModelForCausalLM` and `AutoModelForSeq2SeqLM`
+    (`import hf_outheads` registered the config with `AutoConfig`)."""
+    AutoModel.register(OutHeadsConfig, (OutHeadsForCausalLM, OutHeadsForSeq2SeqLM), exist_ok=True)
+    AutoModelForCausalLM.register(OutHeadsConfig, OutHeadsForCausalLM, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(OutHeadsConfig, OutHeadsForSeq2SeqLM, exist_ok=True)
+
+
+if __package__ == PACKAGE:  # the installed package; remote code's copy registers nothing (transformers loads it)
+    register_auto_classes()

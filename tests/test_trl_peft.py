@@ -173,3 +173,16 @@ def test_fused_lm_head_keeps_the_patch_temperature():
         fused = model(**data, fused_lm_head=True)
     expected = (logits.float() / 2.0).log_softmax(-1).gather(-1, data["labels"][:, 1:].unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(fused.log_probs, expected)
+
+
+def test_trl_keeps_the_fused_lm_head_contract():
+    """`integrations`' documented contract with the installed TRL: `add_fused_lm_head(model,
+    temperature=t)` assigns a bound forward taking `fused_lm_head` whose `temperature` is `t`.
+    Checked on a plain transformers model (no hf_outheads interception): fails when TRL changes it."""
+    from hf_outheads.integrations import fused_lm_head_settings, is_fused_lm_head_patch
+    from tiny import tiny_original
+
+    plain = tiny_original("llama")
+    add_fused_lm_head(plain, temperature=2.5)
+    assert is_fused_lm_head_patch(plain, plain.forward), "TRL's fused forward no longer takes `fused_lm_head`"
+    assert fused_lm_head_settings(plain.forward) == {"temperature": 2.5}, "TRL no longer captures `temperature`"
