@@ -55,12 +55,11 @@ from transformers import initialization as init
 
 from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, Paper, TiedToEmbeddings,
                              nll_sum_from_logits, word_count_vector)
-from .head_mos import KONG_2019
 from .lightrnn_table import (EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
                              resize_codes, table_grid, table_shape)
 from .losses import grad_needed, log_probs_chunk_rows, mixture_nll_sum, over_row_chunks
-from .latents import LATENT_INITS, MixtureOptions, PriorAndLatents
+from .latents import KONG_2019, LATENT_INITS, MixtureOptions, PriorAndLatents
 from .options import HeadDims, choice, integer
 
 

@@ -58,10 +58,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .head_interface import Paper
-from .latents import MixtureOptions
+from .latents import KONG_2019, MixtureOptions
 from .mixture import MixtureHead
 from .options import integer
-
 
 YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Model", "https://arxiv.org/abs/1711.03953",
                   """\
@@ -71,16 +70,6 @@ YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Mod
   booktitle = {International Conference on Learning Representations},
   year = {2018}
 }""", arxiv="1711.03953")
-KONG_2019 = Paper("Fast and Simple Mixture of Softmaxes with BPE and Hybrid-LightRNN for Language Generation",
-                  "https://arxiv.org/abs/1809.09296", """\
-@inproceedings{kong2019fast,
-  title = {Fast and Simple Mixture of Softmaxes with {BPE} and Hybrid-{LightRNN} for Language Generation},
-  author = {Kong, Xiang and Xie, Qizhe and Dai, Zihang and Hovy, Eduard},
-  booktitle = {Proceedings of the AAAI Conference on Artificial Intelligence},
-  volume = {33},
-  pages = {6626--6633},
-  year = {2019}
-}""", arxiv="1809.09296")
 
 
 @dataclass

@@ -12,9 +12,21 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .head_interface import HeadInputs
+from .head_interface import HeadInputs, Paper
 from .options import HeadDims, choice, flag, integer, number, probability
 from .scaled_map import MapScaleOptions, ScaledMap
+
+# the paper of the mixtures with a code table (Efficient MoS, HybridLightRNN): cited by `mos` and `lightrnn`
+KONG_2019 = Paper("Fast and Simple Mixture of Softmaxes with BPE and Hybrid-LightRNN for Language Generation",
+                  "https://arxiv.org/abs/1809.09296", """\
+@inproceedings{kong2019fast,
+  title = {Fast and Simple Mixture of Softmaxes with {BPE} and Hybrid-{LightRNN} for Language Generation},
+  author = {Kong, Xiang and Xie, Qizhe and Dai, Zihang and Hovy, Eduard},
+  booktitle = {Proceedings of the AAAI Conference on Artificial Intelligence},
+  volume = {33},
+  pages = {6626--6633},
+  year = {2019}
+}""", arxiv="1809.09296")
 
 ACTIVATIONS = ("tanh", "identity")
 LATENT_INITS = ("identity", "uniform")

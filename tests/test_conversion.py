@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, OPTConfig, OPTForCausalLM
 
-from hf_outheads import OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
-from tiny import ALL, SEQ2SEQ, batch, tiny_model, tiny_original
+from hf_outheads import HEAD_CLASSES, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from tiny import ALL, SEQ2SEQ, batch, model_class, tiny_model, tiny_original
 
 # the head whose form each tiny original has (tests/tiny.py ties GPT-2/T5/BART/Marian, unties the rest)
 EXPECTED_HEAD = {"gpt2": "tied", "llama": "linear", "qwen2": "linear", "mistral": "linear",
@@ -147,3 +147,15 @@ def test_a_model_whose_head_is_not_a_plain_softmax_does_not_convert_but_keeps_it
             torch.testing.assert_close(kept(**inputs).logits, model(**inputs).logits, rtol=0, atol=0)
     with pytest.raises(ValueError, match="not a plain softmax"):  # new options: a conversion, refused
         OutHeadsForCausalLM.from_backbone(str(tmp_path), head_options={"num_components": 2})
+
+
+@pytest.mark.parametrize("head", sorted(HEAD_CLASSES))
+def test_exact_conversion_capability_is_what_conversion_does(head):
+    """A head class's `exact_conversion`: with its default options, converted from a tied LM head
+    (GPT-2's), its next-token distributions are the original's; the others' are not."""
+    original = tiny_original("gpt2")
+    model = model_class("gpt2").from_backbone(original, head_type=head).eval()
+    ids = torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        error = (original(input_ids=ids).logits.log_softmax(-1) - model(input_ids=ids).logits.log_softmax(-1)).abs().max()
+    assert (error < 1e-5) == HEAD_CLASSES[head].exact_conversion, error
