@@ -159,14 +159,15 @@ def test_generation_table_compares_bleu_with_the_best_plain_head_and_the_copied_
 RUNS_WITHOUT_BLEU = [{"name": "tied", "head": "tied", "head_options": {}, "seed": 1, "eval_perplexity": 9.0,
                       "parameters": 1, "head_parameters": 1, "train_step_time_s": 0.1, "curve": []}]
 
-SEQ2SEQ_REGIMES = ["compare_translate_manpages.yaml", "compare_finetune_translate_manpages.yaml"]
+SEQ2SEQ_REGIMES = ["compare_translate_manpages.yaml", "compare_finetune_translate_manpages.yaml",
+                   "compare_restore_short_stdlib.yaml"]
 
 
 @pytest.mark.parametrize("name", SEQ2SEQ_REGIMES)
 def test_the_seq2seq_regime_configs_load_and_name_valid_heads(name):
     config = Path(__file__).resolve().parents[1] / "studies" / "configs" / name
     options = parse_options(["--config", str(config)])
-    assert options.task == "seq2seq" and options.dataset_name == data_lib.MANPAGES_L10N
+    assert options.task == "seq2seq" and options.dataset_name in (data_lib.MANPAGES_L10N, data_lib.BUILTIN)
     assert options.generation_metrics == ["sacrebleu", "chrf"] and options.generation_num_beams == 4
     heads = re.search(r"--heads (\S+)", config.read_text()).group(1).split(",")  # the documented command
     assert {"tied", "linear", "joint", "drill", "drill-own", "mos", "sigsoftmax"} <= set(heads)

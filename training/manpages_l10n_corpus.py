@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import random
 import re
 from pathlib import Path
 
@@ -132,7 +133,7 @@ def parallel_records(debs: list[Path], languages=LANGUAGES) -> tuple[list[dict],
 def _split_records(records: list[dict], validation_percent: int) -> dict[str, list[dict]]:
     """By a hash of the page name, the split of `manpages_corpus` (so a model pretrained on the
     English man-pages never saw a validation page); duplicates dropped, and validation pairs
-    whose source or target is also a training one."""
+    whose source or target is also a training one; the validation pairs shuffled (seed 0)."""
     rows = {"train": [], "validation": []}
     for record in records:
         held = int(hashlib.sha1(record["page"].encode()).hexdigest(), 16) % 100 < validation_percent
@@ -145,6 +146,7 @@ def _split_records(records: list[dict], validation_percent: int) -> dict[str, li
             if (record["source"], record["target"]) not in seen:
                 seen.add((record["source"], record["target"]))
                 rows[name].append(record)
+    random.Random(0).shuffle(rows["validation"])  # its first n pairs (num_generation_examples) sample every page
     return rows
 
 
