@@ -201,8 +201,9 @@ def generation_table(rows: list[dict], runs: list[dict], margin: float = 1.0) ->
     notes = [f"Against the best plain head by BLEU (`{name}`, the better of `tied` and `linear`); differences in "
              "points, of the means; seeds paired."]
     if copy and best:
+        gap = best_bleu - copy["eval_sacrebleu"][0]
         notes.append(f"The copied source scores BLEU {copy['eval_sacrebleu'][0]:.2f}: `{name}` is "
-                     f"{best_bleu - copy['eval_sacrebleu'][0]:+.2f} BLEU above it.")
+                     f"{abs(gap):.2f} BLEU {'above' if gap >= 0 else 'below'} it.")
     if budget is not None and any(v is not None for v in flops_bleu.values()):
         notes.append(f"Equal FLOPs: BLEU interpolated linearly between evaluations at {budget / 1e12:.2f} TFLOP.")
     return "\n".join(lines) + "\n\n" + " ".join(notes) + "\n"
