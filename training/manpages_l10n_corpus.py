@@ -96,10 +96,11 @@ def _sentences(paragraph: str) -> list[str]:
     return [s.strip() for s in SENTENCE_RE.split(paragraph.strip()) if s.strip()]
 
 
-def translation_pairs(paragraphs: list[tuple[str, str]], headings: int = 0) -> list[tuple[str, str]]:
+def translation_pairs(paragraphs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """(translated, English) pairs of aligned paragraphs: sentence pairs where both sides have
-    the same number of sentences, else the paragraph pair; headings, no-fill blocks,
-    untranslated text and pairs of disagreeing lengths dropped."""
+    the same number of sentences, else the paragraph pair. Dropped: no-fill blocks, untranslated
+    text, English of fewer than MIN_WORDS or more than MAX_WORDS words or without final
+    punctuation (headings), and pairs of disagreeing lengths."""
     pairs = []
     for english, translated in paragraphs:
         if "\n" in english or "\n" in translated or english == translated:
