@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training`, `stu
 
 import yaml
 
-from studies.comparison_tables import METRICS, curve_table, main_metric, markdown_table, summarise
+from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
 from training.options import check_values, parse_options
 from training.tracking import RESULTS_FILE, read_metrics
 
@@ -144,6 +144,8 @@ def write_results(output_dir: Path, command: str, seeds: list[int], runs: list[d
     text = (f"Command: `{command}`\n\nSeeds: {seeds}. Differences against the best plain head (`{best}`, the better "
             f"of `tied` and `linear`) are of the means; \"better at seeds\" pairs each seed with its run.\n\n"
             f"{markdown_table(rows, best)}\nMean {metric} at every evaluation:\n\n{curve_table(runs, metric)}")
+    if generation := generation_table(rows, runs):
+        text += f"\nBLEU and chrF of generate():\n\n{generation}\nMean BLEU at every evaluation:\n\n{curve_table(runs, 'eval_sacrebleu')}"
     (output_dir / "results.md").write_text(text)
     (output_dir / "results.json").write_text(json.dumps({"command": command, "seeds": seeds, "best_plain": best,
                                                           "rows": rows, "runs": runs}, indent=1) + "\n")

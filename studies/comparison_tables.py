@@ -144,3 +144,71 @@ def curve_table(runs: list[dict], key: str = "eval_perplexity") -> str:
         cells = [f"{statistics.fmean(points[step][n]):.2f}" if n in points[step] else "" for n in names]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+GENERATION_METRICS = [("eval_sacrebleu", "BLEU"), ("eval_chrf", "chrF")]
+COPY = "copy source"  # the row of the sources taken as their own translations
+
+
+def copy_baseline(runs: list[dict]) -> dict[str, tuple[float, float]]:
+    """Mean ± std over the finished runs of the scores of the copied source (`eval_copy_<metric>`,
+    training/evaluation.py `copy_scores`); runs of one comparison share the pairs, so the std is 0
+    unless runs generated on different pairs."""
+    done = [r for r in runs if "error" not in r]
+    return {key: mean_std([r[f"eval_copy_{key.removeprefix('eval_')}"] for r in done]) for key, _ in GENERATION_METRICS
+            if done and all(f"eval_copy_{key.removeprefix('eval_')}" in r for r in done)}
+
+
+def generation_table(rows: list[dict], runs: list[dict], margin: float = 1.0) -> str:
+    """BLEU and chrF of every row against the best plain head by BLEU, in points: the difference
+    of the means, the seeds at which the row is better and at which it is better by at least
+    `margin` BLEU (paired by seed), BLEU at equal training FLOPs; a `copy source` row first.
+    Empty when no run has BLEU."""
+    rows = [row for row in rows if "eval_sacrebleu" in row]
+    if not rows:
+        return ""
+    plain = [row for row in rows if row["head"] in PLAIN_HEADS]
+    best = max(plain, key=lambda row: row["eval_sacrebleu"][0]) if plain else None
+    budget = min((row["train_flops"] for row in rows if "train_flops" in row), default=None)
+    flops_bleu = {row["name"]: _mean_at_flops(runs, row["name"], budget) for row in rows}
+    name = best["name"] if best else "none"
+    header = ["run", "seeds", "BLEU (mean ± std)", f"BLEU vs {name}", "better at seeds", f">= +{margin:g} BLEU at seeds",
+              "BLEU at equal FLOPs", f"vs {name} at equal FLOPs", "chrF (mean ± std)", f"chrF vs {name}", "val. perplexity"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    points = lambda a, b: "" if a is None or b is None else f"{a - b:+.2f}"
+    score = lambda v: "" if v is None else f"{v[0]:.2f} ± {v[1]:.2f}"
+    best_bleu = best["eval_sacrebleu"][0] if best else None
+    best_chrf = best["eval_chrf"][0] if best and "eval_chrf" in best else None
+    copy = copy_baseline(runs)
+    if copy:
+        bleu, chrf = copy["eval_sacrebleu"], copy.get("eval_chrf")
+        cells = [COPY, "", score(bleu), points(bleu[0], best_bleu), "", "", "", "", score(chrf),
+                 points(chrf and chrf[0], best_chrf), ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    for row in rows:
+        bleu = row["per_seed"]["eval_sacrebleu"]
+        paired = [s for s in bleu if best and s in best["per_seed"]["eval_sacrebleu"]]
+        diffs = [bleu[s] - best["per_seed"]["eval_sacrebleu"][s] for s in paired]
+        chrf = row.get("eval_chrf")
+        cells = [row["name"], str(len(row["seeds"])), score(row["eval_sacrebleu"]), points(row["eval_sacrebleu"][0], best_bleu),
+                 f"{sum(d > 0 for d in diffs)}/{len(diffs)}" if best else "",
+                 f"{sum(d >= margin for d in diffs)}/{len(diffs)}" if best else "",
+                 "" if flops_bleu[row["name"]] is None else f"{flops_bleu[row['name']]:.2f}",
+                 points(flops_bleu[row["name"]], best and flops_bleu[best["name"]]),
+                 score(chrf), points(chrf and chrf[0], best_chrf),
+                 f"{row['eval_perplexity'][0]:.2f}" if "eval_perplexity" in row else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"Against the best plain head by BLEU (`{name}`, the better of `tied` and `linear`); differences in "
+             "points, of the means; seeds paired."]
+    if copy and best:
+        gap = best_bleu - copy["eval_sacrebleu"][0]
+        notes.append(f"The copied source scores BLEU {copy['eval_sacrebleu'][0]:.2f}: `{name}` is "
+                     f"{abs(gap):.2f} BLEU {'above' if gap >= 0 else 'below'} it.")
+    if budget is not None and any(v is not None for v in flops_bleu.values()):
+        notes.append(f"Equal FLOPs: BLEU interpolated linearly between evaluations at {budget / 1e12:.2f} TFLOP.")
+    return "\n".join(lines) + "\n\n" + " ".join(notes) + "\n"
+
+
+def _mean_at_flops(runs: list[dict], name: str, budget: float | None) -> float | None:
+    values = [at_flops(r, "eval_sacrebleu", budget) for r in runs if r["name"] == name and "error" not in r]
+    return statistics.fmean(values) if budget is not None and values and None not in values else None

@@ -96,6 +96,13 @@ def test_two_processes_evaluate_every_example_once(seq2seq_run):
     evals = [r for r in records if "eval_examples" in r]
     assert evals and all(r["eval_examples"] == N_PAIRS and r["eval_generated"] == N_PAIRS for r in evals)
     assert all(r["eval_tokens"] == N_PAIRS * 5 for r in evals)  # 4 answer words + </s> per pair
+    # the copy baseline: every validation question scored as its own answer, once per evaluation
+    from training.evaluation import copy_scores
+
+    pairs = [json.loads(line) for line in (out.parent / "validation.jsonl").read_text().splitlines()]
+    copy = copy_scores(["sacrebleu", "chrf"], [p["question"] for p in pairs], [p["answer"] for p in pairs])
+    assert all(r[key] == pytest.approx(value) for r in evals if "eval_sacrebleu" in r for key, value in copy.items())
+    assert sum("eval_copy_sacrebleu" in r for r in evals) >= 2
 
 
 def test_trained_folders_load_with_auto_classes_and_generate(causal_run, seq2seq_run):

@@ -9,12 +9,15 @@ from itertools import chain
 from datasets import Dataset, IterableDataset, IterableDatasetDict, load_dataset
 
 from .manpages_corpus import load_manpages_dataset
+from .manpages_l10n_corpus import load_manpages_l10n_dataset
 from .stdlib_corpus import load_stdlib_dataset
 
 BUILTIN = "stdlib_docstrings"
 MANPAGES = "debian_manpages"  # built from Debian's manpages packages (training/manpages_corpus.py)
+MANPAGES_L10N = "debian_manpages_l10n"  # their translations aligned with them (training/manpages_l10n_corpus.py)
 # corpora built here: name -> (loader of a config, the config of the seq2seq task; "text" is the LM one)
-BUILT_CORPORA = {BUILTIN: (load_stdlib_dataset, "summary"), MANPAGES: (load_manpages_dataset, "restore")}
+BUILT_CORPORA = {BUILTIN: (load_stdlib_dataset, "summary"), MANPAGES: (load_manpages_dataset, "restore"),
+                 MANPAGES_L10N: (load_manpages_l10n_dataset, "fr-en")}
 FILE_FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 

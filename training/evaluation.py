@@ -104,6 +104,14 @@ def generation_scores(metric_names, predictions, references) -> dict:
     return results
 
 
+def copy_scores(metric_names, sources, references, prefix: str = "") -> dict:
+    """`eval_copy_<metric>`: the scores of each source (its `prefix` removed) taken as its own
+    prediction, what the task gives for free: a model has learnt the task where it scores above."""
+    hypotheses = [s.removeprefix(prefix).strip() for s in sources]
+    return {f"eval_copy_{key.removeprefix('eval_')}": value
+            for key, value in generation_scores(metric_names, hypotheses, references).items()}
+
+
 @torch.no_grad()
 def sample_text(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
     """A sampled continuation of `prompt` (`SAMPLING`: top-p 0.9, seeded), prompt included; `model` unwrapped."""

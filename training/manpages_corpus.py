@@ -38,6 +38,12 @@ BREAKS = {".PP", ".LP", ".P", ".TP", ".IP", ".HP", ".br", ".sp", ".RS", ".RE", "
 
 def roff_to_text(source: str) -> str:
     """Plain text of a man page's roff source: filled paragraphs, no-fill blocks kept as lines."""
+    return "\n".join(roff_paragraphs(source))
+
+
+def roff_paragraphs(source: str) -> list[str]:
+    """The paragraphs of a man page's roff source in order: headings (`.SH`, `.SS`), filled
+    paragraphs (one line each) and no-fill blocks (their lines joined by newlines)."""
     paragraphs, words, fill = [], [], True
 
     def flush():
@@ -70,7 +76,7 @@ def roff_to_text(source: str) -> str:
         else:
             words.append(line if not fill else line.strip())
     flush()
-    return "\n".join(p for p in paragraphs if p.strip())
+    return [p for p in paragraphs if p.strip()]
 
 
 def _deb_members(deb: bytes):
@@ -90,17 +96,17 @@ def _deb_members(deb: bytes):
                 yield member.name, archive.extractfile(member).read()
 
 
-def fetch_packages(cache: Path = CACHE) -> list[Path]:
-    """The `.deb` files of PACKAGES, downloaded once with `apt-get download` into `cache`."""
+def fetch_packages(cache: Path = CACHE, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
+    """The `.deb` files of `packages`, downloaded once with `apt-get download` into `cache`."""
     cache.mkdir(parents=True, exist_ok=True)
     debs = sorted(cache.glob("*.deb"))
-    if {p.name.split("_")[0] for p in debs} >= set(PACKAGES):
+    if {p.name.split("_")[0] for p in debs} >= set(packages):
         return debs
     try:
-        subprocess.run(["apt-get", "download", *PACKAGES], cwd=cache, check=True, capture_output=True, text=True)
+        subprocess.run(["apt-get", "download", *packages], cwd=cache, check=True, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", "") or error
-        raise RuntimeError(f"Could not download {PACKAGES} with apt-get ({detail}). On Debian/Ubuntu run "
+        raise RuntimeError(f"Could not download {packages} with apt-get ({detail}). On Debian/Ubuntu run "
                            f"`apt-get update`, or put the .deb files in {cache}.") from None
     return sorted(cache.glob("*.deb"))
 

@@ -27,7 +27,7 @@ from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
 from training import data as data_lib
 from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from training.evaluation import evaluate_perplexity, generate_texts, generation_scores, sample_text
+from training.evaluation import copy_scores, evaluate_perplexity, generate_texts, generation_scores, sample_text
 from training.launching import check_process_count, force_cpu
 from training.loop import train_loop
 from training.modeling import build_model, parameter_counts, position_limit, step_flops
@@ -114,6 +114,7 @@ def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final:
         results["eval_generated"] = len(predictions)
         if accelerator.is_main_process:
             results.update(generation_scores(options.generation_metrics, predictions, references))
+            results.update(copy_scores(options.generation_metrics, sources, references, options.source_prefix))
             if final:
                 results["samples"] = [{"source": s, "prediction": p, "reference": r}
                                       for s, p, r in list(zip(sources, predictions, references))[:5]]
