@@ -3,7 +3,8 @@
 Every head's options are a dataclass of fields declared with `integer`, `number`, `probability`,
 `flag`, `choice` or `pairs`; the declaration carries the type and the allowed range or choices.
 `options.resolve(dims)` returns a complete, checked copy: each field is checked against its
-declaration (a ValueError names the head and the option), then the head's `complete(dims)`
+declaration (a ValueError names the head and the option; `checked()` alone, which needs no
+sizes, is what a training run checks when its options are parsed), then the head's `complete(dims)`
 fills in the values that depend on the backbone (`joint_dim`, lightrnn's table shape) and
 checks the options against each other and against the backbone. `resolve` is idempotent:
 a resolved object (or its `dataclasses.asdict`, the saved config) resolves to itself.
@@ -202,9 +203,9 @@ class HeadOptions:
             )
         return cls(**options)
 
-    def resolve(self, dims: HeadDims) -> "HeadOptions":
-        """A complete, checked copy: unset fields from `scratch_defaults`, every field against its
-        declaration, then `complete(dims)`."""
+    def checked(self) -> "HeadOptions":
+        """A checked copy, before the sizes are known: unset fields from `scratch_defaults`, every
+        field against its declaration (a ValueError names the head and the option)."""
         values = {}
         for f in dataclasses.fields(self):
             spec = f.metadata.get("spec")
@@ -212,7 +213,11 @@ class HeadOptions:
             if value is None:
                 value = self.scratch_defaults.get(f.name)
             values[f.name] = spec.check(self.head_type, f.name, value) if spec is not None else value
-        resolved = dataclasses.replace(self, **values)
+        return dataclasses.replace(self, **values)
+
+    def resolve(self, dims: HeadDims) -> "HeadOptions":
+        """A complete, checked copy: `checked()`, then `complete(dims)`."""
+        resolved = self.checked()
         resolved.complete(dims)
         resolved.resolved_for = dims
         return resolved

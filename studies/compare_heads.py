@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training`, `stu
 import yaml
 
 from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
-from training.options import check_values, parse_options
+from training.options import parse_options
 from training.tracking import RESULTS_FILE, read_metrics
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "training" / "train.py"
@@ -47,26 +47,21 @@ def add_flags(parser):
 
 
 def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
-    """name -> (head type, head options); a head type or option train.py would refuse fails here,
-    before anything trains (`training.options.check_values`, `HeadOptions.from_dict`)."""
-    from hf_outheads import get_head_class
-
+    """name -> (head type, every option spelt out): each name's head as train.py builds it
+    (`TrainOptions.head_spec`); a head type or option train.py would refuse fails here, before
+    anything trains. Spelt out (the head's current defaults under the given options), so that a
+    run trained under other defaults is not reused."""
     specs, unknown, errors = {}, [], []
     for name in names:
-        entry = dict(options.head_options_by_head.get(name, {}))
-        specs[name] = (entry.pop("head_type", name), {**entry, **options.head_options})
         try:
-            check_values(dataclasses.replace(options, head_type=specs[name][0]))
+            spec = options.head_spec(name)
+            specs[name] = (spec.head_type, spec.spelt_out())
         except ValueError as error:
-            unknown.append(specs[name][0])
+            unknown.append(name)
             errors.append(str(error))
     if unknown:
-        raise SystemExit(f"Head(s) {sorted(set(unknown))} are not registered: {errors[0]} A variant name needs "
-                         "`head_type` in head_options_by_head.")
-    # every option spelt out (the head's current defaults under the given ones), so that a run
-    # trained under other defaults is not reused
-    return {name: (head, dataclasses.asdict(get_head_class(head).Options.from_dict(given)))
-            for name, (head, given) in specs.items()}
+        raise SystemExit(f"Run(s) {sorted(set(unknown))} cannot be trained: {errors[0]}")
+    return specs
 
 
 def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: str, threads: int) -> dict:

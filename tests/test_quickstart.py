@@ -26,5 +26,5 @@ def test_training_quickstart_with_a_wrong_option_fails_in_one_message(tmp_path):
     run = subprocess.run([sys.executable, "-m", "training.quickstart", "--task", "lm", "--output_root", str(tmp_path),
                           "--head_type", "softmaxx"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert "train.py: error: Option head_type='softmaxx' is not a registered head" in run.stderr
+    assert "train.py: error: Unknown head type 'softmaxx'" in run.stderr
     assert run.stderr.strip().splitlines()[-1] == "=== quickstart lm failed (exit status 1)"

@@ -78,9 +78,9 @@ def test_variants_need_a_registered_head_type(tmp_path):
     head, spelt_out = compare_heads.run_specs(options, ["mos-paper"])["mos-paper"]
     assert head == "mos" and spelt_out["tied"] is True  # the given option, over every default spelt out
     assert spelt_out["latent_init"] == "identity" and spelt_out["num_components"] == 15
-    with pytest.raises(SystemExit, match=r"\['typo'\] are not registered.*needs `head_type`"):
+    with pytest.raises(SystemExit, match=r"\['typo'\] cannot be trained: Unknown head type 'typo'.*names its head with `head_type`"):
         compare_heads.run_specs(options, ["tied", "typo"])
-    with pytest.raises(SystemExit, match=r"\['no_such_head'\] are not registered"):
+    with pytest.raises(SystemExit, match=r"\['no_such_head'\] cannot be trained: Unknown head type"):
         compare_heads.main(["--heads", "tied,no_such_head", "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 

@@ -256,14 +256,9 @@ SHIPPED_CONFIGS = sorted(path for folder in ("training/configs", "studies/config
 
 @pytest.mark.parametrize("config", SHIPPED_CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_parse_and_name_valid_head_options(config):
-    from hf_outheads import get_head_class
-
-    opts = parse_options(["--config", str(config)])
-    per_head = {**opts.head_options_by_head, **({opts.head_type: opts.head_options} if opts.head_type else {})}
-    for name, head_options in per_head.items():
-        head_options = dict(head_options)
-        head = head_options.pop("head_type", name)  # a variant (compare_heads.py) names its head
-        get_head_class(head).Options.from_dict(head_options)  # a misspelt head or option name is an error
+    opts = parse_options(["--config", str(config)])  # checks the chosen head's options
+    for name in opts.head_options_by_head:  # every variant compare_heads.py may run from it
+        opts.head_spec(name)  # a misspelt head, option name or a wrong-typed value is an error
 
 
 QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "quickstart_lm.yaml"
@@ -319,6 +314,23 @@ def test_wrong_run_options_fail_when_parsed_with_one_message(tmp_path):
                           timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith("train.py: error: The checkpoint"), done.stderr[-2000:]
+
+
+def test_a_wrong_typed_head_option_fails_in_one_line_before_anything_is_written(tmp_path):
+    """`--head_options '{depth: two}'` is refused when the options are parsed: one line on stderr,
+    a non-zero exit status, and no output folder (no corpus read, no tokenizer trained)."""
+    import subprocess
+    import sys
+
+    output_dir = tmp_path / "out"
+    command = [sys.executable, "-m", "training.train", "--config", str(QUICKSTART_LM), "--output_dir", str(output_dir),
+               "--head_type", "drill", "--head_options", "{depth: two}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "train.py: error: Head 'drill': option 'depth' must be an integer >= 0, got 'two'."], done.stderr[-2000:]
+    assert not output_dir.exists()
 
 
 def test_the_cards_usage_code_generates_the_cards_sample(tmp_path, capsys):

@@ -126,7 +126,10 @@ def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
     (["--max_steps", "0"], r"max_steps must be an integer >= 1, got 0"),
     (["--max_steps", "2.5"], r"max_steps must be an integer >= 1, got 2.5"),
     (["--tokenizer", "bpe", "--tokenizer_vocab_size", "100"], r"tokenizer_vocab_size=100 is below the byte-level BPE alphabet: use at least 260"),
-    (["--head_type", "softmaxx"], r"head_type='softmaxx' is not a registered head; valid: \['bilinear'"),
+    (["--head_type", "softmaxx"], r"Unknown head type 'softmaxx'. Valid head types: \['bilinear'"),
+    (["--head_type", "drill", "--head_options", "{depth: two}"], r"Head 'drill': option 'depth' must be an integer >= 0, got 'two'"),
+    (["--head_type", "drill", "--head_options", "{dept: 2}"], r"Unknown option\(s\) \['dept'\] for head 'drill'"),
+    (["--head_type", "drill", "--head_options_by_head", "{drill: {dropout: 2}}"], r"Head 'drill': option 'dropout' must be in \[0, 1\)"),
 ])
 def test_bad_options_fail_when_parsed_naming_the_option(flags, message):
     with pytest.raises(ValueError, match=message):

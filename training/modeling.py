@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from transformers import AutoConfig
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+import hf_outheads
+from hf_outheads import OutHeadsConfig
 from hf_outheads.flops import training_flops_per_step
 
 # name -> (model_type, config fields). Vocabulary size and special ids come from the tokenizer.
@@ -31,7 +32,8 @@ DROPOUT_FIELDS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_drop
 
 
 def model_class(task: str):
-    return OutHeadsForSeq2SeqLM if task == "seq2seq" else OutHeadsForCausalLM
+    """The model class of `task`, imported on this first use (a run's options are checked without it)."""
+    return hf_outheads.OutHeadsForSeq2SeqLM if task == "seq2seq" else hf_outheads.OutHeadsForCausalLM
 
 
 def _set_dropout(config, dropout: float | None) -> None:
@@ -42,12 +44,23 @@ def _set_dropout(config, dropout: float | None) -> None:
             setattr(config, name, dropout)
 
 
+def check_backbone(options) -> None:
+    """Exactly one of `model_preset` and `pretrained`, and a preset that exists and fits the task:
+    checked when the options are parsed (`preflight`) and again by `build_model`."""
+    if bool(options.model_preset) == bool(options.pretrained):
+        raise ValueError(f"Set exactly one of model_preset (train from scratch) and pretrained (convert a checkpoint); "
+                         f"got model_preset={options.model_preset!r}, pretrained={options.pretrained!r}. "
+                         "A --pretrained or --model_preset flag replaces the config file's choice.")
+    if options.model_preset:
+        if options.model_preset not in PRESETS:
+            raise ValueError(f"Unknown model_preset {options.model_preset!r}. Valid presets: {sorted(PRESETS)}.")
+        model_type = PRESETS[options.model_preset][0]
+        if AutoConfig.for_model(model_type).is_encoder_decoder != (options.task == "seq2seq"):
+            raise ValueError(f"Preset {options.model_preset} ({model_type}) does not fit task={options.task}.")
+
+
 def preset_config(options, tokenizer):
-    if options.model_preset not in PRESETS:
-        raise ValueError(f"Unknown model_preset {options.model_preset!r}. Valid presets: {sorted(PRESETS)}.")
     model_type, fields = PRESETS[options.model_preset]
-    if AutoConfig.for_model(model_type).is_encoder_decoder != (options.task == "seq2seq"):
-        raise ValueError(f"Preset {options.model_preset} ({model_type}) does not fit task={options.task}.")
     ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                eos_token_id=tokenizer.eos_token_id)
     if options.task == "seq2seq":
@@ -57,20 +70,19 @@ def preset_config(options, tokenizer):
 
 
 def build_model(options, tokenizer):
-    """A from-scratch preset or a converted pretrained model, with the options' head."""
-    if bool(options.model_preset) == bool(options.pretrained):
-        raise ValueError("Set exactly one of model_preset (train from scratch) and pretrained (convert a checkpoint).")
+    """A from-scratch preset or a converted pretrained model, with the options' head (`head_spec`)."""
+    check_backbone(options)
     cls = model_class(options.task)
-    head_options = options.given_head_options()
+    head = options.head_spec()
     if options.model_preset:
         text_config = preset_config(options, tokenizer)
         _set_dropout(text_config, options.dropout)
-        return cls(OutHeadsConfig(text_config=text_config, head_type=options.head_type, head_options=head_options))
+        return cls(OutHeadsConfig(text_config=text_config, head_type=head.head_type, head_options=head.options))
     config = AutoConfig.from_pretrained(options.pretrained)
     _set_dropout(config, options.dropout)
     for key, value in options.model_overrides.items():
         setattr(config, key, value)
-    model = cls.from_backbone(options.pretrained, head_type=options.head_type, head_options=head_options or None,
+    model = cls.from_backbone(options.pretrained, head_type=head.head_type, head_options=head.options or None,
                               config=config)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but {options.pretrained} only {model.config.vocab_size} "

@@ -105,10 +105,56 @@ class TrainOptions:
     hub_private: bool = opt(False, "Create the Hub repository as private.")
     license: str = opt("apache-2.0", "License written in the model card.")
 
-    def given_head_options(self) -> dict:
-        """The user's options for the chosen head, `head_options_by_head[head_type]` under
-        `head_options`: a partial dict, resolved by `OutHeadsConfig` (`resolved_head_options`)."""
-        return {**self.head_options_by_head.get(self.head_type, {}), **self.head_options}
+    def head_spec(self, name: str | None = None) -> HeadSpec:
+        """The head of the run called `name` (default: `head_type`), the one rule from a run name
+        to a head: `name` is a head type, or a key of `head_options_by_head` whose entry names its
+        head with `head_type` (a variant, e.g. `mos-paper: {head_type: mos, latent_init: uniform}`,
+        which `compare_heads.py` runs); its options are that entry's under `head_options`. Each
+        option is checked against the head's declarations now (`HeadOptions.checked`); what
+        depends on the backbone's sizes is checked when the model is built. A ValueError names
+        the problem. `head_type: null` (a pretrained model keeps its head form): nothing to check."""
+        name = self.head_type if name is None else name
+        entry = self.head_options_by_head.get(name, {})
+        if not isinstance(entry, dict):
+            raise ValueError(f"Option head_options_by_head[{name!r}] must be a mapping of option: value, got {entry!r}.")
+        entry = dict(entry)
+        head_type = entry.pop("head_type", name)
+        spec = HeadSpec(head_type, {**entry, **self.head_options})
+        if head_type is None:
+            if not self.pretrained:
+                from hf_outheads import HEAD_CLASSES
+
+                raise ValueError("Option head_type: null (keep the pretrained head) needs pretrained; "
+                                 f"choose one of {sorted(HEAD_CLASSES)}.")
+            return spec
+        try:
+            options_class = spec.options_class()
+        except ValueError as error:
+            hint = " A variant (a key of head_options_by_head) names its head with `head_type`." if name == head_type \
+                and name in self.head_options_by_head else ""
+            raise ValueError(f"{error}{hint}") from None
+        options_class.from_dict(spec.options).checked()
+        return spec
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A run's head: its type and the options given for it (a partial dict: the head's defaults
+    fill in the rest when the model is built, those for a conversion when it converts a
+    pretrained model). Built and checked by `TrainOptions.head_spec`."""
+
+    head_type: str | None
+    options: dict
+
+    def options_class(self):
+        """The head type's options class; an unknown head type is a ValueError listing the valid ones."""
+        from hf_outheads import get_head_class
+
+        return get_head_class(self.head_type).Options
+
+    def spelt_out(self) -> dict:
+        """Every option: the head's current defaults under the given ones."""
+        return dataclasses.asdict(self.options_class().from_dict(self.options))
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainOptions)}
@@ -148,7 +194,7 @@ MIN_INTEGERS = {"block_size": 2, "max_steps": 1, "stop_after_steps": 1, "per_dev
 
 
 def check_sizes(options: TrainOptions) -> None:
-    """Integer options in range, the tokenizer size and the head type, before any work starts."""
+    """Integer options in range and the tokenizer size, before any work starts."""
     for name, minimum in MIN_INTEGERS.items():
         value = getattr(options, name)
         if value is None and FIELDS[name].type.endswith("| None"):
@@ -158,13 +204,6 @@ def check_sizes(options: TrainOptions) -> None:
     if options.tokenizer == "bpe" and options.tokenizer_vocab_size < BYTE_ALPHABET:
         raise ValueError(f"Option tokenizer_vocab_size={options.tokenizer_vocab_size} is below the byte-level BPE "
                          f"alphabet: use at least {BYTE_ALPHABET} (256 bytes + 4 special tokens).")
-    from hf_outheads import HEAD_CLASSES
-
-    if options.head_type is None and not options.pretrained:
-        raise ValueError("Option head_type: null (keep the pretrained head) needs pretrained; "
-                         f"choose one of {sorted(HEAD_CLASSES)}.")
-    if options.head_type is not None and options.head_type not in HEAD_CLASSES:
-        raise ValueError(f"Option head_type={options.head_type!r} is not a registered head; valid: {sorted(HEAD_CLASSES)}.")
 
 
 def check_values(options: TrainOptions) -> TrainOptions:
@@ -181,6 +220,7 @@ def check_values(options: TrainOptions) -> TrainOptions:
             if kind.__name__ == f.type and not isinstance(value, kind):
                 raise ValueError(f"Option {name} must be a {kind.__name__}, got {value!r}.")
     check_sizes(options)
+    options.head_spec()
     return options
 
 

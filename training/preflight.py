@@ -18,20 +18,9 @@ from training.checkpoints import MARKER, checkpoint_to_resume
 
 
 def check_backbone(options) -> None:
-    from transformers import AutoConfig
+    from training.modeling import check_backbone as check_preset_or_pretrained
 
-    from training.modeling import PRESETS
-
-    if bool(options.model_preset) == bool(options.pretrained):
-        raise ValueError(f"Set exactly one of model_preset (train from scratch) and pretrained (convert a checkpoint); "
-                         f"got model_preset={options.model_preset!r}, pretrained={options.pretrained!r}. "
-                         "A --pretrained or --model_preset flag replaces the config file's choice.")
-    if options.model_preset:
-        if options.model_preset not in PRESETS:
-            raise ValueError(f"Unknown model_preset {options.model_preset!r}. Valid presets: {sorted(PRESETS)}.")
-        model_type = PRESETS[options.model_preset][0]
-        if AutoConfig.for_model(model_type).is_encoder_decoder != (options.task == "seq2seq"):
-            raise ValueError(f"Preset {options.model_preset} ({model_type}) does not fit task={options.task}.")
+    check_preset_or_pretrained(options)
     if options.tokenizer == "auto" and not options.pretrained:
         raise ValueError("tokenizer: auto needs a pretrained model; use tokenizer: bpe / wordlevel or a tokenizer path.")
 
@@ -57,7 +46,7 @@ def check_checkpoint(options) -> None:
     if checkpoint is None:
         return
     saved = json.loads((checkpoint / MARKER).read_text()).get("model", {})
-    planned = {"head_type": options.head_type, "backbone": planned_backbone(options)}
+    planned = {"head_type": options.head_spec().head_type, "backbone": planned_backbone(options)}
     different = [key for key, value in planned.items() if None not in (value, saved.get(key)) and value != saved[key]]
     if different:
         describe = lambda model: f"head '{model.get('head_type')}' on a {model.get('backbone') or '?'} backbone"

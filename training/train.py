@@ -1,12 +1,30 @@
 """Train an hf_outheads model (causal LM or seq2seq) with accelerate, evaluate it and publish it.
 
-    accelerate launch training/train.py --config training/configs/quickstart_lm.yaml [--key value ...]
+    accelerate launch -m training.train --config training/configs/quickstart_lm.yaml [--key value ...]
 
 The head is part of the model config (`head_type`, `head_options`): nothing here depends
-on which head it is. `python training/train.py --help` lists every option.
+on which head it is. `python -m training.train --help` lists every option.
 """
 
 from __future__ import annotations
+
+from training.options import TrainOptions, parse_options
+from training.preflight import check_run
+
+
+def parse_args(argv=None):
+    """The options, checked before any work starts (`preflight.check_run`); a wrong option is
+    one message on stderr and a non-zero exit status, without a traceback."""
+    try:
+        options = parse_options(argv, description=__doc__)
+        check_run(options)
+    except ValueError as error:
+        raise SystemExit(f"train.py: error: {error}") from None
+    return options
+
+
+if __name__ == "__main__":  # a wrong option is refused before the imports below, which take seconds
+    OPTIONS = parse_args()
 
 import math
 import os
@@ -14,8 +32,6 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` importable when run as a script
 
 import torch
 from accelerate import Accelerator
@@ -31,22 +47,9 @@ from training.evaluation import copy_scores, evaluate_perplexity, generate_texts
 from training.launching import check_process_count, force_cpu
 from training.loop import train_loop
 from training.modeling import build_model, parameter_counts, position_limit, step_flops
-from training.options import TrainOptions, parse_options
-from training.preflight import check_run
 from training.publish import finish_run
 from training.tokenization import TRAINABLE, context_length, load_pretrained_tokenizer, load_tokenizer, train_tokenizer, whole_texts
 from training.tracking import MetricsLog, Progress, trackers
-
-
-def parse_args(argv=None):
-    """The options, checked before any work starts (`preflight.check_run`); a wrong option is
-    one message on stderr and a non-zero exit status, without a traceback."""
-    try:
-        options = parse_options(argv, description=__doc__)
-        check_run(options)
-    except ValueError as error:
-        raise SystemExit(f"train.py: error: {error}") from None
-    return options
 
 
 def get_tokenizer(accelerator, options, train_split, resuming: bool):
@@ -291,9 +294,8 @@ def exit_without_teardown() -> None:
 
 
 def main(argv=None):
-    options = parse_args(argv)
-    training_function(options)
+    training_function(parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    training_function(OPTIONS)
