@@ -4,8 +4,8 @@ Each (head, |V|, N) case runs in a fresh subprocess (so peak memory is that case
 on one small Llama-style backbone (d = d_h = 256, 2 layers, sequences of 512 tokens);
 figures are medians over `--reps` repetitions, measured side by side in one run.
 
-    python benchmarks/bench_heads.py                      # |V| = 32K, N = 1K, every head
-    python benchmarks/bench_heads.py --vocab 32000,50257,128000 --positions 1024,4096
+    python -m benchmarks.bench_heads                      # |V| = 32K, N = 1K, every head
+    python -m benchmarks.bench_heads --vocab 32000,50257,128000 --positions 1024,4096
 
 Columns: `step` = one AdamW training step (forward with labels, backward, update);
 `step vs tied` = the same against a `tied` model's step timed in the same worker, the two
@@ -24,7 +24,7 @@ them the machine's slower and faster spells moved a step or a 64-token call by 1
 = the allocator's absolute peak; then the plain head's fused loss against torch's
 `F.linear_cross_entropy`, Liger-Kernel and cut-cross-entropy (`bench_gpu.py`) at each |V| and N:
 
-    python benchmarks/bench_heads.py --device cuda --vocab 32000,128000 --positions 8192,16384
+    python -m benchmarks.bench_heads --device cuda --vocab 32000,128000 --positions 8192,16384
 
 Timings mean nothing on a busy machine: the script refuses to start when the 1-minute load
 average is above 0.5, unless `--allow-busy` is given (then the table says so).
@@ -55,6 +55,7 @@ def head_options() -> dict[str, dict]:
 
 
 HEAD_OPTIONS = head_options()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the workers run as `python -m benchmarks.bench_heads`
 SEQ_LEN = 512
 MAX_LOAD = 0.5  # 1-minute load average above which timings are not trusted
 
@@ -108,7 +109,7 @@ def build_model(head: str, vocab: int):
     torch.manual_seed(0)
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=head_type, head_options=options))
     if head.endswith("-reference"):
-        from reference_mos import use_reference_mos  # the published MoS code's computation
+        from benchmarks.reference_mos import use_reference_mos  # the published MoS code's computation
 
         use_reference_mos(model.head)
     return model
@@ -144,7 +145,7 @@ def run_case(case: dict) -> dict:
     device, bf16 = torch.device(case["device"]), case["dtype"] == "bf16"
     clock = cpu_clock
     if device.type == "cuda":
-        from bench_gpu import cuda_clock as clock, peak_mb
+        from benchmarks.bench_gpu import cuda_clock as clock, peak_mb
     model = build_model(case["head"], case["vocab"]).to(device)
     batch = case["positions"] // SEQ_LEN
     ids = torch.randint(3, case["vocab"], (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0)).to(device)
@@ -209,8 +210,8 @@ def generation_rates(model, tied, prompt, case: dict, clock=cpu_clock) -> dict:
 
 def measure(case: dict) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(case["threads"]))
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(case)], capture_output=True, text=True,
-                          env=env, cwd=os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_heads", "--worker", json.dumps(case)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -274,12 +275,12 @@ def main(argv=None):
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     device_name = ""
     if args.device == "cuda":
-        from bench_gpu import cuda_device_name
+        from benchmarks.bench_gpu import cuda_device_name
 
         device_name = f" ({cuda_device_name()})"
     heads = ["tied", "backbone"] + [h for h in args.heads.split(",") if h and h not in ("tied", "backbone")]
     lines = [
-        f"<!-- python benchmarks/bench_heads.py {' '.join(sys.argv[1:] if argv is None else argv)}; "
+        f"<!-- python -m benchmarks.bench_heads {' '.join(sys.argv[1:] if argv is None else argv)}; "
         f"1-minute load average at start {load:.2f}"
         f"{' (BUSY: timings unreliable)' if load > MAX_LOAD else ''}; {args.device}{device_name}, "
         f"{dtype} -->",
@@ -300,7 +301,7 @@ def main(argv=None):
             print("\n".join(rows), flush=True)
             lines += rows
     if args.device == "cuda" and not args.no_loss_peers:
-        from bench_gpu import loss_table
+        from benchmarks.bench_gpu import loss_table
 
         lines += ["", *loss_table(args.vocab, args.positions, args.loss_dim, args.reps)]
     if args.out:

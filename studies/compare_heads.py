@@ -2,13 +2,13 @@
 head (or head variant) and seed, and tabulate validation perplexity (BLEU/chrF for seq2seq)
 as mean ± std over seeds, the learning curves, and perplexity against training seconds.
 
-    python studies/compare_heads.py --config studies/configs/compare_stdlib_lm.yaml \\
+    python -m studies.compare_heads --config studies/configs/compare_stdlib_lm.yaml \\
         --heads tied,drill,mos --seeds 1,2,3 --jobs 2 --output_dir outputs/compare
 
 `--heads` lists run names. A name is a head type, or a key of the config's
 `head_options_by_head` whose options hold `head_type` (a variant, e.g.
 `mos-paper: {head_type: mos, latent_init: uniform}`). Every (name, seed) run is a separate
-`accelerate launch training/train.py` in `<output_dir>/<name>/seed<seed>/`; a run whose
+`accelerate launch -m training.train` in `<output_dir>/<name>/seed<seed>/`; a run whose
 results exist is reused, so a killed comparison resumes where it stopped. With `--jobs N`,
 N runs train at once, each with `cores / N` torch threads. Written: `results.md`,
 `results.json`, `curves.png` (perplexity per evaluation, mean and range over seeds) and
@@ -26,16 +26,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training`, `studies` importable when run as a script
-
 import yaml
 
 from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
 from training.options import parse_options
 from training.tracking import RESULTS_FILE, read_metrics
-
-TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "training" / "train.py"
-
 
 def add_flags(parser):
     parser.add_argument("--heads", required=True, help="Comma-separated run names: head types or variants (see above).")
@@ -79,7 +74,7 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
     else:
         results_path.unlink(missing_ok=True)
         config_path.write_text(text)
-        command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), str(TRAIN_SCRIPT),
+        command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), "-m", "training.train",
                    "--config", str(config_path)]
         print(f"=== {name} seed {seed}: {' '.join(command)}", flush=True)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
@@ -128,7 +123,7 @@ def main(argv=None):
     with ThreadPoolExecutor(jobs) as pool:
         runs = list(pool.map(lambda job: run_one(options, job[0], specs[job[0]], job[1], extra["launch_args"], threads),
                              [(name, seed) for name in names for seed in seeds]))
-    command = "python " + " ".join(shlex.quote(a) for a in (sys.argv if argv is None else [__file__, *argv]))
+    command = "python -m studies.compare_heads " + shlex.join(sys.argv[1:] if argv is None else argv)
     return write_results(output_dir, command, seeds, runs, plot=not extra["no_plot"])
 
 

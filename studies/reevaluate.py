@@ -2,7 +2,7 @@
 training: each run's saved model, tokenizer and `train_config.yaml` (written by
 `compare_heads.py`), with the given `train.py` options on top.
 
-    python studies/reevaluate.py outputs/compare_finetune_restore_stdlib/*/seed* --generation_num_beams 4
+    python -m studies.reevaluate outputs/compare_finetune_restore_stdlib/*/seed* --generation_num_beams 4
 
 Each run's results go to `<run>/eval_results_<options>.json` (reused when present, so a killed
 re-evaluation resumes); printed: mean ± std over the runs of each name (the run folder's
@@ -15,8 +15,6 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training`, `studies` importable when run as a script
 
 import yaml
 

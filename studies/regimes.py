@@ -2,17 +2,14 @@
 its change against the best plain head of each comparison at equal steps (with the seeds at which
 it was better), at equal training FLOPs, and on the rare-word band.
 
-    python studies/regimes.py studies/results/compare_stdlib_lm studies/results/compare_finetune_stdlib ...
+    python -m studies.regimes studies/results/compare_stdlib_lm studies/results/compare_finetune_stdlib ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `studies` importable when run as a script
 
 
 def cell(row: dict, metric: str) -> str:

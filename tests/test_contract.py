@@ -72,13 +72,12 @@ class ToyHead(LinearHead):
 
 CHECK_TOY = """
 import sys
-sys.path[:0] = [sys.argv[1], sys.argv[2]]  # the tests' helpers, the benchmarks
 import hf_outheads, torch
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
 from hf_outheads.export_plain import plain_export_capabilities
 from hf_outheads.model_card import build_model_card, citation_section
 from head_cases import HEAD_CASES
-from bench_heads import HEAD_OPTIONS
+from benchmarks.bench_heads import HEAD_OPTIONS
 from tiny import tiny_config
 
 assert "/copy/" in hf_outheads.__file__, hf_outheads.__file__
@@ -90,7 +89,7 @@ assert "@misc{toy2026" in citation_section("toy")
 assert HEAD_OPTIONS["toy"] == {} and HEAD_OPTIONS["toy-small"] == {"output_bias": False}
 assert plain_export_capabilities()["toy"] is True
 assert HEAD_CASES["toy"] == {"output_bias": False}
-assert model.export_plain(sys.argv[3]).exact
+assert model.export_plain(sys.argv[1]).exact
 print("toy everywhere")
 """
 
@@ -116,9 +115,9 @@ def test_a_new_head_is_one_file_and_one_catalog_line(tmp_path):
     line = "from .head_sigsoftmax import SigSoftmaxHead\n"
     assert line in catalog
     (package / "head_catalog.py").write_text(catalog.replace(line, line + "from .head_toy import ToyHead\n"))
-    env = {**os.environ, "PYTHONPATH": str(package.parent)}
-    result = run([sys.executable, "-c", CHECK_TOY, str(root / "tests"), str(root / "benchmarks"), str(tmp_path / "plain")],
-                 env=env, timeout=240, cwd=tmp_path)
+    # the copy first, then the tests' helpers and the repository (the benchmarks)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package.parent), str(root / "tests"), str(root)])}
+    result = run([sys.executable, "-c", CHECK_TOY, str(tmp_path / "plain")], env=env, timeout=240, cwd=tmp_path)
     assert result.returncode == 0 and "toy everywhere" in result.stdout, result.stderr[-3000:]
 
 

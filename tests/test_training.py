@@ -20,7 +20,6 @@ from subprocess_runs import run
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "training" / "train.py"
 ENV = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 ONE_PROCESS = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 TWO_PROCESSES = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
@@ -35,7 +34,7 @@ N_PAIRS = 37  # odd, and not a multiple of 2 processes x batch size: accelerate 
 def launch(config: dict, tmp_path: Path, *overrides: str, launch_args=ONE_PROCESS, name="run") -> subprocess.CompletedProcess:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, str(TRAIN), "--config", str(path), *overrides]
+    command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "-m", "training.train", "--config", str(path), *overrides]
     done = run(command, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
@@ -149,11 +148,11 @@ def test_head_comparison_trains_each_head_and_writes_the_table(tmp_path):
     config = tmp_path / "compare.yaml"
     config.write_text(yaml.safe_dump({**TINY_LM, "max_train_samples": 40, "max_steps": 2, "eval_steps": 1,
                                       "head_options_by_head": {"bilinear": {}}, "output_dir": str(tmp_path / "out")}))
-    command = [sys.executable, str(ROOT / "studies" / "compare_heads.py"), "--config", str(config), "--heads", "tied,bilinear"]
+    command = [sys.executable, "-m", "studies.compare_heads", "--config", str(config), "--heads", "tied,bilinear"]
     done = run(command, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = (tmp_path / "out" / "results.md").read_text()
-    assert table.startswith("Command: `python ") and "| tied |" in table and "| bilinear |" in table
+    assert table.startswith("Command: `python -m studies.compare_heads --config ") and "| tied |" in table and "| bilinear |" in table
     rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
     assert [row["name"] for row in rows] == ["tied", "bilinear"]
     assert rows[0]["head_parameters"] < rows[1]["head_parameters"] and all(row["eval_perplexity"][0] > 1 for row in rows)

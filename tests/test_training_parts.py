@@ -309,9 +309,9 @@ def test_wrong_run_options_fail_when_parsed_with_one_message(tmp_path):
         parse_args([*base, "--model_preset", "bart-tiny"])
     with pytest.raises(SystemExit, match="tokenizer: auto needs a pretrained model"):
         parse_args([*base, "--tokenizer", "auto"])
-    script = Path(__file__).resolve().parents[1] / "training" / "train.py"
-    done = subprocess.run([sys.executable, str(script), *base, "--head_type", "mos"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run([sys.executable, "-m", "training.train", *base, "--head_type", "mos"], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith("train.py: error: The checkpoint"), done.stderr[-2000:]
 
@@ -383,6 +383,22 @@ def test_the_documented_two_process_command_trains_in_a_folder_of_its_own():
     import re
 
     readme = (Path(__file__).resolve().parents[1] / "training" / "README.md").read_text()
-    command = re.search(r"accelerate launch --multi_gpu --num_processes 2 training/train.py (?:[^\n\\]|\\\n)*", readme).group(0)
+    command = re.search(r"accelerate launch --multi_gpu --num_processes 2 -m training.train (?:[^\n\\]|\\\n)*", readme).group(0)
     folder = re.search(r"--output_dir (\S+)", command)
     assert folder and folder.group(1) != yaml.safe_load(QUICKSTART_LM.read_text())["output_dir"], command
+
+
+def test_scripts_run_as_modules_and_documented_commands_say_so():
+    """No script edits sys.path: each runs as `python -m package.module` from the repository root,
+    and every command the READMEs, configs and docstrings give is written that way."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    sources = [p for folder in ("training", "studies", "benchmarks", "hf_outheads", "examples", "tests")
+               for p in (root / folder).rglob("*.py")]
+    assert [str(p) for p in sources if "sys.path" in p.read_text() and p.name != Path(__file__).name] == []
+    by_path = re.compile(r"(?:python|accelerate launch|torchrun)[^\n`]*?\b(?:training|studies|benchmarks)/\w+\.py")
+    documents = [*sources, *root.glob("*.md"), *(root / "training").rglob("*.md"), *(root / "studies").glob("*.md"),
+                 *(root / "training" / "configs").glob("*.yaml"), *(root / "studies" / "configs").glob("*.yaml")]
+    assert {str(p.relative_to(root)): by_path.findall(p.read_text()) for p in documents
+            if by_path.search(p.read_text()) and p.name != Path(__file__).name} == {}

@@ -164,7 +164,7 @@ def launch(tmp_path, launch_args, name, **overrides):
                                       "num_train_epochs": 1, "save_steps": None, **overrides}))
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "training" / "train.py"),
+               "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "training.train",
                "--config", str(config)]
     done = subprocess_runs.run(command, env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -174,7 +174,7 @@ def launch(tmp_path, launch_args, name, **overrides):
 
 def test_the_documented_two_process_command_starts_two_cpu_processes_and_counts_their_epochs(tmp_path):
     readme = (ROOT / "training" / "README.md").read_text()
-    assert "accelerate launch --multi_gpu --num_processes 2 training/train.py" in readme
+    assert "accelerate launch --multi_gpu --num_processes 2 -m training.train" in readme
     one, _ = launch(tmp_path, ["--num_processes", "1"], "one")
     two, _ = launch(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29541"], "two")
     assert (one["num_processes"], two["num_processes"]) == (1, 2)

@@ -27,6 +27,7 @@ tests/test_resize.py).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -96,13 +97,14 @@ def _download() -> Path:
 
 def load_common():
     pytest.importorskip("parameterized")
-    root = _download()
-    sys.path.insert(0, str(root))
-    try:
-        return (importlib.import_module(f"{PACKAGE}.test_modeling_common"),
-                importlib.import_module(f"{PACKAGE}.test_configuration_common"))
-    finally:
-        sys.path.remove(str(root))
+    package = _download() / PACKAGE
+    if PACKAGE not in sys.modules:  # the downloaded folder as a package, loaded from its location
+        spec = importlib.util.spec_from_file_location(PACKAGE, package / "__init__.py",
+                                                      submodule_search_locations=[str(package)])
+        sys.modules[PACKAGE] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[PACKAGE])
+    return (importlib.import_module(f"{PACKAGE}.test_modeling_common"),
+            importlib.import_module(f"{PACKAGE}.test_configuration_common"))
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `training` importable when run as a script
 
 from transformers import AutoConfig, AutoTokenizer
 

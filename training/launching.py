@@ -1,6 +1,6 @@
 """Several processes on any machine: what `accelerate launch` asked for against what started.
 
-On a CPU-only machine, `accelerate launch --multi_gpu --num_processes 2 training/train.py ...`
+On a CPU-only machine, `accelerate launch --multi_gpu --num_processes 2 -m training.train ...`
 starts two processes (torchrun); `force_cpu` makes them form one CPU (gloo) process group
 instead of two independent one-process runs. Without `--multi_gpu`, accelerate's simple
 launcher starts one process whatever `--num_processes` says: `check_process_count` warns.
@@ -15,7 +15,7 @@ import warnings
 import torch
 
 LAUNCH_HELP = ("On a CPU-only machine start several processes with "
-               "`accelerate launch --multi_gpu --num_processes N training/train.py ...` (see training/README.md).")
+               "`accelerate launch --multi_gpu --num_processes N -m training.train ...` (see training/README.md).")
 
 
 def force_cpu() -> bool:

@@ -4,7 +4,7 @@ library's docstrings, with no download, in a few minutes on 2 CPU cores.
     python -m training.quickstart            # language modelling, then seq2seq
     python -m training.quickstart --task lm  # only one of them
 
-Each task is a normal `accelerate launch training/train.py --config <yaml>` run, so what
+Each task is a normal `accelerate launch -m training.train --config <yaml>` run, so what
 it prints (perplexity, BLEU, a generated sample, where the card is) is what training does.
 """
 
@@ -31,9 +31,8 @@ def parse_args(argv=None):
 
 
 def launch_command(config: Path, output_dir: Path, overrides: list[str]) -> list[str]:
-    script = Path(__file__).resolve().parent / "train.py"
     return [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--num_processes", "1", "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", str(script), "--config", str(config),
+            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "training.train", "--config", str(config),
             "--output_dir", str(output_dir), "--resume", "never", *overrides]
 
 
