@@ -13,8 +13,9 @@
 # Files written into OUT (each part at most 6; a call returns at most 8): part1.log,
 # bench_32000.md, bench_128000.md; part2.log, loss.md, fsdp.log,
 # scale2/{scale_runs.jsonl,results.md,results.json}; part3.log, scale3/{...}. Each step has a
-# time limit and the scale comparison a budget (a head predicted, after 10 steps, to end past
-# it is given up and says so), so that each part should end in about 8.5 minutes on an H200.
+# time limit and the scale comparison a budget, the part's 530 s less what the part has used
+# (a head predicted, after 10 steps, to end past it is given up and says so), so that each
+# part ends in about 9 minutes on an H200.
 # Estimates: bench workers ~15-20 s each (11 heads a vocabulary); GPT-2 small, 30M tokens:
 # 2.3e16 FLOPs a single-softmax head (~100 s at 30% of the H200's ~790 TFLOP/s), 8.7e16 mos
 # K = 15 (~370 s), 1.1e17 doc (~460 s: it fits only if the others ran faster).
@@ -102,7 +103,7 @@ if [ $TINY -eq 1 ]; then
     SCALE=(--override n_layer=1 --override n_embd=32 --override n_head=2 --override train_tokens=1024
            --override batch_size=4 --override evaluations=1 --override eval_batch_size=16
            --override eval_blocks=32)
-    BUDGET2=() BUDGET3=()
+    PART_S=  # no budget: every head trains
 else
     LIMIT_SCALE=1
     DEVICE=cuda
@@ -114,7 +115,7 @@ else
     FSDP_TYPE=FSDP
     CORPUS=$ROOT/data/scale_corpus
     SCALE=()
-    BUDGET2=(--budget_s 330) BUDGET3=(--budget_s 450)
+    PART_S=530  # a part's seconds from its start to the scale comparison's end (the call's limit is 600)
 fi
 
 part1() {  # CUDA tests; every head of the package's catalog against tied (and mos against the published MoS code)
@@ -138,26 +139,28 @@ part2() {  # the fused-loss peers; a one-process FSDP2 launch through accelerate
         step "FSDP2 launch, $head: accelerate's distributed type is $FSDP_TYPE" 10 \
             grep -q "\"distributed_type\": \"$FSDP_TYPE\"" "$SCRATCH/fsdp_$head/metrics.jsonl"
     done 2>&1 | tee "$OUT/fsdp.log"
-    scale 2 "tied,sigsoftmax,linear" "${BUDGET2[@]}"
+    scale 2 "tied,sigsoftmax,linear"
 }
 
 part3() {
-    scale 3 "mos,mos-k1,lightrnn,drill-own,doc" "${BUDGET3[@]}"
+    scale 3 "mos,mos-k1,lightrnn,drill-own,doc"
 }
 
-scale() {  # scale PART HEADS [--budget_s S]
+scale() {  # scale PART HEADS: the heads in order, each given up if it would end after PART_S
     if [ $TINY -eq 1 ] && [ ! -f "$CORPUS/corpus.json" ]; then
         step "tiny corpus (stdlib docstrings)" 120 $PY studies/scale_corpus.py "$CORPUS" --stdlib --vocab_size 400 \
             --block_size 32 --validation_percent 10
     fi
-    local part=$1 heads=$2; shift 2
+    local part=$1 heads=$2 budget=()
+    [ -n "$PART_S" ] && budget=(--budget_s $((PART_S - (SECONDS - PART_START))))
     step "scale comparison, part $part" 540 $PY studies/scale_heads.py --data "$CORPUS" --heads "$heads" \
-        --out "$OUT/scale$part" --device $DEVICE "$@" "${SCALE[@]}"
+        --out "$OUT/scale$part" --device $DEVICE "${budget[@]}" "${SCALE[@]}"
 }
 
 for part in 1 2 3; do
     if [ "$PART" = all ] || [ "$PART" = $part ]; then
         {
+            PART_START=$SECONDS
             echo "=== benchmarks/gpu_run.sh $OUT --part $part$([ $TINY -eq 1 ] && echo ' --tiny')"
             install_wheels
             environment
