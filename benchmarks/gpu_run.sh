@@ -47,6 +47,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 SCRATCH=$(mktemp -d)  # the FSDP runs' models (not results)
+trap 'rm -rf "$SCRATCH"' EXIT
 FAILED=0
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit (x LIMIT_SCALE), log, count a failure
