@@ -210,6 +210,7 @@ def prepare_run(options) -> PreparedRun:
     log.truncate_after(progress.step if progress.step else -1)  # a fresh run starts a fresh log
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
+                 "distributed_type": accelerator.distributed_type.value, "prepared_model": type(model).__name__,
                  "validation_examples": n_validation, "max_steps": max_steps}, 0)
     return PreparedRun(options=options, accelerator=accelerator, tokenizer=tokenizer, model=model, optimizer=optimizer,
                        scheduler=scheduler, train_dl=train_dl, eval_dl=eval_dl, gen_dl=gen_dl,
