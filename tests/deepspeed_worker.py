@@ -9,7 +9,9 @@ every batch, and compared with the same model trained unsharded on both halves:
     under `deepspeed.zero.Init` (partitioned as it is built) from the reference's start weights;
   - "zero2": ZeRO stage 2;
   - "zero3_accumulation": gradient accumulation (DeepSpeed's own, through
-    `accelerator.accumulate`): two micro-batches per step equal one batch twice as large.
+    `accelerator.accumulate`): two micro-batches per step equal one batch twice as large;
+  - "trainer_zero3": transformers' `Trainer` with `TrainingArguments(deepspeed=...)` (ZeRO-3),
+    SGD at a constant rate, batches in order: the same steps (`trainer_run`).
 ZeRO-3 runs gather the full weights with `accelerator.get_state_dict` (`zero3_save_16bit_model`),
 which rank 0 saves with `save_pretrained` and, once DeepSpeed is done, loads back with
 `from_pretrained`. Rank 0 writes what it measured as JSON to argv[1]; the test judges it."""
@@ -31,7 +33,7 @@ from hf_outheads import OutHeadsForCausalLM
 from sharded_cases import CASES, LR, ROWS, batches, max_diff, mean_over_processes, reference_run
 from tiny import tiny_model
 
-ENGINES = ("zero3", "zero3_init", "zero2", "zero3_accumulation")
+ENGINES = ("zero3", "zero3_init", "zero2", "zero3_accumulation", "trainer_zero3")
 
 
 def accelerator_for(stage: int, zero3_init: bool, accumulation: int) -> Accelerator:
@@ -96,6 +98,52 @@ def run_engine(engine: str, folder: str, references: dict) -> dict:
     return results
 
 
+def trainer_run(folder: str, references: dict) -> dict:
+    """Every head trained by `Trainer` under ZeRO-3 (`TrainingArguments(deepspeed=config)`).
+    On a CPU, `TrainingArguments` would set up its process state without a backend (accelerate
+    then counts one process per run); it uses the state configured here instead
+    (`use_configured_state`: accelerate's state with a gloo group, DeepSpeed selected)."""
+    from torch.utils.data import SequentialSampler
+    from transformers import Trainer, TrainingArguments
+
+    class InOrder(Trainer):  # the reference's batches: in order, each process its half of each
+        def _get_train_sampler(self, dataset=None):
+            return SequentialSampler(dataset if dataset is not None else self.train_dataset)
+
+    rows = [{"input_ids": row, "labels": row} for ids in batches() for row in ids]
+    config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+              "gradient_clipping": "auto", "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "stage3_model_persistence_threshold": 0,
+                                    "stage3_gather_16bit_weights_on_model_save": True}}
+    results = {}
+    for name in CASES:
+        unset_hf_deepspeed_config()
+        model = tiny_model("llama", name.split("-")[0], CASES[name]).train()
+        AcceleratorState._reset_state(reset_partial_state=True)
+        Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])  # the configured state
+        AcceleratorState._reset_state(reset_partial_state=False)  # Trainer builds its own Accelerator on it
+        args = TrainingArguments(f"{folder}/trainer/{name}", deepspeed=config, per_device_train_batch_size=ROWS,
+                                 learning_rate=LR, optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0,
+                                 weight_decay=0.0, num_train_epochs=1, logging_steps=1, report_to="none",
+                                 save_strategy="no", seed=0, data_seed=0, dataloader_num_workers=0,
+                                 accelerator_config={"use_configured_state": True})
+        trainer = InOrder(model=model, args=args, train_dataset=rows)
+        trainer.train()
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        result = {"losses": losses, "expected_losses": references[name]["losses"],
+                  "processes": trainer.accelerator.num_processes,
+                  "distributed_type": str(trainer.accelerator.distributed_type),
+                  "steps": trainer.state.global_step, "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                  "partitioned_at_build": False}
+        trainer.save_model(f"{folder}/trainer_saved/{name}")  # ZeRO-3: gathered 16-bit (here fp32) weights
+        if trainer.accelerator.is_main_process:
+            result["saved"] = f"{folder}/trainer_saved/{name}"
+        results[name] = result
+        trainer.accelerator.wait_for_everyone()
+    return results
+
+
 def main(out_path: str) -> None:
     torch.set_num_threads(1)
     references = {}
@@ -105,7 +153,8 @@ def main(out_path: str) -> None:
             start.save_pretrained(f"{folder}/start/{name}")  # zero3_init loads these start weights
             references[name] = reference_run(start.train())
         engines = sys.argv[2].split(",") if len(sys.argv) > 2 else ENGINES
-        results = {engine: run_engine(engine, folder, references) for engine in engines}
+        results = {engine: trainer_run(folder, references) if engine == "trainer_zero3"
+                   else run_engine(engine, folder, references) for engine in engines}
         unset_hf_deepspeed_config()
         if dist.get_rank() == 0:  # the saved full weights load with from_pretrained, outside DeepSpeed
             for engine in results.values():
@@ -113,6 +162,7 @@ def main(out_path: str) -> None:
                     if "saved" in result:
                         loaded = OutHeadsForCausalLM.from_pretrained(result.pop("saved")).train()
                         result["loaded_diff"] = max_diff(loaded.state_dict(), references[name]["state"])
+                        result.setdefault("weight_diff", result["loaded_diff"])  # Trainer: its saved weights
                         result["architectures"] = loaded.config.architectures
             with open(out_path, "w") as f:
                 json.dump(results, f, indent=1)

@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO-3 (and ZeRO-2) through accelerate on 2 CPU processes (DeepSpeed's CPU
 accelerator, gloo): every head (tests/sharded_cases.py) trains to the unsharded run's losses and
 weights, built plain or under `deepspeed.zero.Init` (`zero3_init_flag`); gradient accumulation
-equals a batch as large; the gathered full weights (`zero3_save_16bit_model`) saved with
-`save_pretrained` load back with `from_pretrained`. One torchrun launch (tests/deepspeed_worker.py)
+equals a batch as large; `Trainer` with `TrainingArguments(deepspeed=...)` trains every head
+alike; the gathered full weights (`zero3_save_16bit_model`) saved with `save_pretrained` load
+back with `from_pretrained`. One torchrun launch (tests/deepspeed_worker.py)
 measures it all. Skips without DeepSpeed (the `deepspeed` extra)."""
 
 from __future__ import annotations
@@ -65,8 +66,18 @@ def test_deepspeed_gradient_accumulation_equals_a_larger_batch(results):
         check_run(name, result, accumulation=2)
 
 
-@pytest.mark.parametrize("engine", ["zero3", "zero3_init", "zero3_accumulation"])
+@pytest.mark.parametrize("engine", ["zero3", "zero3_init", "zero3_accumulation", "trainer_zero3"])
 def test_zero3_gathered_weights_load_with_from_pretrained(results, engine):
     for name, result in results[engine].items():
         assert result["architectures"] == ["OutHeadsForCausalLM"], name
         assert result["loaded_diff"] < 1e-5, (name, result["loaded_diff"])
+
+
+def test_trainer_trains_every_head_under_zero3_as_unsharded(results):
+    """`Trainer` with `TrainingArguments(deepspeed=...)` (ZeRO-3; SGD, constant rate, batches in
+    order): the logged losses and the weights `trainer.save_model` writes equal the reference's."""
+    assert set(results["trainer_zero3"]) == set(CASES)
+    for name, result in results["trainer_zero3"].items():
+        assert result["steps"] == 3, (name, result["steps"])
+        check_run(name, result)
+        assert result["architectures"] == ["OutHeadsForCausalLM"], name
