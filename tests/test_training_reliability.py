@@ -227,12 +227,15 @@ def test_the_documented_fsdp2_launch_on_a_cpu_stops_instead_of_training_unsharde
                     reason="DeepSpeed is not installed (pip install 'hf_outheads[deepspeed]')")
 def test_the_documented_zero3_launch_shards_on_a_cpu_and_saves_a_loadable_model(tmp_path):
     """train.py under training/accelerate_zero3.yaml on 2 CPU processes (DeepSpeed's CPU
-    accelerator): a ZeRO-3 run with gradient accumulation whose gathered weights load back."""
+    accelerator): a ZeRO-3 run with gradient accumulation whose gathered weights load back. A Llama
+    preset with mos: built with its backbone partitioned (accelerate activates transformers'
+    zero.Init), initialised on gathered weights (a padding row, identity latent maps)."""
     from hf_outheads import OutHeadsForCausalLM
 
     start, _ = launch(tmp_path, ["--config_file", str(ROOT / "training" / "accelerate_zero3.yaml"), "--num_processes",
                                  "2", "--main_process_port", "29545"], "zero3", env={"DS_ACCELERATOR": "cpu"},
-                      num_train_epochs=None, max_steps=2, gradient_accumulation_steps=2)
+                      num_train_epochs=None, max_steps=2, gradient_accumulation_steps=2, model_preset="llama-tiny",
+                      model_overrides={}, head_type="mos")
     assert start["num_processes"] == 2 and start["max_steps"] == 2
     assert start["parameters"] > start["head_parameters"] > 0  # full sizes of the partitioned parameters
     model = OutHeadsForCausalLM.from_pretrained(tmp_path / "zero3")
