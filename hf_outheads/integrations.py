@@ -132,8 +132,10 @@ class LibraryHooks:
         partitioned = [p for p in self.parameters() if hasattr(p, "ds_id") and p.numel() == 0]
         if not partitioned:
             return super().initialize_weights()
-        from deepspeed.runtime.zero.partition_parameters import GatheredParameters
-
+        try:  # (in a try: remote code needs no package beyond torch and transformers)
+            from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+        except ImportError as error:  # unreachable: only DeepSpeed partitions parameters
+            raise ImportError("Parameters partitioned by DeepSpeed ZeRO-3 need DeepSpeed to be gathered.") from error
         with GatheredParameters(partitioned, modifier_rank=0):
             return super().initialize_weights()
 
