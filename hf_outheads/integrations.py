@@ -141,6 +141,24 @@ class LibraryHooks:
         bare_head = isinstance(module, OutputHead) and next(module.parameters(recurse=False), None) is None
         return super()._initialize_weights(module, is_custom_code and not bare_head)
 
+    def initialize_weights(self):
+        """As transformers', also on a model whose parameters DeepSpeed ZeRO-3 partitioned as they
+        were built (`deepspeed.zero.Init`, which transformers enters for the backbone whenever a
+        ZeRO-3 config is active, e.g. under accelerate): the partitioned parameters are gathered
+        for the initialisation and rank 0's values kept (`deepspeed.zero.GatheredParameters`, as
+        transformers does when it resizes embeddings), so that an init that indexes or reshapes a
+        weight (a padding row, a head's identity maps) meets the full tensor. This gathers the
+        whole model once at build time; a model loaded with `from_pretrained` is not affected."""
+        partitioned = [p for p in self.parameters() if hasattr(p, "ds_id") and p.numel() == 0]
+        if not partitioned:
+            return super().initialize_weights()
+        try:  # (in a try: remote code needs no package beyond torch and transformers)
+            from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+        except ImportError as error:  # unreachable: only DeepSpeed partitions parameters
+            raise ImportError("Parameters partitioned by DeepSpeed ZeRO-3 need DeepSpeed to be gathered.") from error
+        with GatheredParameters(partitioned, modifier_rank=0):
+            return super().initialize_weights()
+
     def get_output_embeddings(self) -> OutputHead:
         """The output layer: the head, for every head type. Its scores are not `W h + b` in
         general, so it is no `nn.Linear`; what libraries do with the output layer is handled here:

@@ -46,9 +46,10 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 
     def _check_backbone_shapes(self) -> None:
         dims, table = self.head.dims, self.output_embedding_matrix()
-        if tuple(table.shape) != (dims.vocab_size, dims.embed_dim):
+        shape = tuple(getattr(table, "ds_shape", table.shape))  # DeepSpeed ZeRO-3 (zero.Init): partitioned, shape (0,)
+        if shape != (dims.vocab_size, dims.embed_dim):
             raise ValueError(
-                f"The backbone's embedding matrix is {tuple(table.shape)} but the head was built for "
+                f"The backbone's embedding matrix is {shape} but the head was built for "
                 f"({dims.vocab_size}, {dims.embed_dim}); check text_config.vocab_size / hidden sizes."
             )
 

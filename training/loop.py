@@ -4,13 +4,15 @@ Each window's loss is the token mean over the whole window (and over every proce
 transformers' Trainer computes it: the model gets `num_items_in_batch`, the window's label
 tokens summed over processes, and returns `sum of NLL / num_items_in_batch` per micro-batch.
 A head's auxiliary loss (DOC) is averaged over the window's micro-batches.
-Hand-written rather than `accelerator.accumulate`: that divides each micro-batch's loss by the
-step count (a mean of micro-batch means), while a token mean needs the window's label count first.
+The micro-batches accumulate through `accelerator.accumulate` (gradient synchronisation on the
+window's last micro-batch; under DeepSpeed, its engine's own accumulation and step). accelerate
+and DeepSpeed divide each micro-batch's loss by `gradient_accumulation_steps` (a mean of
+micro-batch means); a token mean needs the window's label count instead, so the loss handed to
+`accelerator.backward` is multiplied back by that step count.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from itertools import islice
 
@@ -31,21 +33,21 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options)
     Returns (the window's mean token NLL over all processes, mean auxiliary loss or None)."""
     count = accelerator.reduce(sum(loss_tokens(b, options.task) for b in window).to(accelerator.device), "sum")
     processes, nll_total, aux_total = accelerator.num_processes, 0.0, None
-    for index, batch in enumerate(window):
-        last = index == len(window) - 1  # gradients are all-reduced once, after the last micro-batch
-        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+    undo_division = accelerator.gradient_accumulation_steps  # see the module docstring
+    for batch in window:  # accelerate synchronises (and steps) on the last: the window ends an accumulation
+        with accelerator.accumulate(model):
             outputs = model(**batch, num_items_in_batch=count)
             nll, aux = outputs.nll_loss, outputs.aux_loss  # nll: this process's share of the window's token mean
             # processes' gradients are averaged; the auxiliary term is a per-micro-batch mean
-            accelerator.backward(nll * processes + (0.0 if aux is None else aux / len(window)))
+            accelerator.backward((nll * processes + (0.0 if aux is None else aux / len(window))) * undo_division)
+            if accelerator.sync_gradients and options.max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
+            optimizer.step()  # accelerate's wrappers step (and zero) on the synchronising micro-batch only
+            scheduler.step()
+            optimizer.zero_grad()
         nll_total += nll.detach()
         if aux is not None:
             aux_total = (aux_total or 0.0) + aux.detach() / len(window)
-    if options.max_grad_norm:
-        accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad()
     nll_total = accelerator.reduce(torch.as_tensor(nll_total, device=accelerator.device), "sum").item()
     aux_mean = None if aux_total is None else accelerator.reduce(aux_total, "mean").item()
     return nll_total, aux_mean

@@ -79,9 +79,10 @@ def build_model(options, tokenizer):
 
 
 def parameter_counts(model) -> dict[str, int]:
-    """Total trainable parameters and those of the output head alone."""
-    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    head = sum(p.numel() for p in model.head.parameters() if p.requires_grad)
+    """Total trainable parameters and those of the output head alone (a parameter partitioned by
+    DeepSpeed ZeRO-3 counts its full size, `ds_numel`)."""
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    head = sum(getattr(p, "ds_numel", p.numel()) for p in model.head.parameters() if p.requires_grad)
     return {"parameters": total, "head_parameters": head}
 
 

@@ -28,7 +28,7 @@ from hf_outheads.frequency_bands import FrequencyBands
 from training import data as data_lib
 from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from training.evaluation import copy_scores, evaluate_perplexity, generate_texts, generation_scores, sample_text
-from training.launching import check_process_count, force_cpu
+from training.launching import accelerator_settings, check_process_count, check_sharding
 from training.loop import train_loop
 from training.modeling import build_model, parameter_counts, position_limit, step_flops
 from training.options import TrainOptions, parse_options
@@ -122,14 +122,26 @@ def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final:
 
 
 def accelerator_for(options) -> Accelerator:
-    """The Accelerator (gradient accumulation is done by `loop.window_step`, not by accelerate);
-    several processes on a CPU-only machine form a CPU process group (`launching.force_cpu`)."""
+    """The Accelerator, accumulating `gradient_accumulation_steps` micro-batches per optimizer step
+    (`loop.window_step`: `accelerator.accumulate`, DeepSpeed's own under DeepSpeed); several processes
+    on a CPU-only machine form a CPU process group, and a launch asking for FSDP or DeepSpeed shards
+    or stops (`launching.accelerator_settings`, `launching.check_sharding`)."""
     log_with = trackers(options.report_to)
     accelerator = Accelerator(
-        mixed_precision=options.mixed_precision, cpu=force_cpu(), log_with=log_with or None,
+        mixed_precision=options.mixed_precision, log_with=log_with or None,
+        gradient_accumulation_steps=options.gradient_accumulation_steps,
         project_config=ProjectConfiguration(project_dir=options.output_dir),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True), **accelerator_settings(),
     )
+    try:
+        check_sharding(accelerator)
+        if accelerator.gradient_accumulation_steps != options.gradient_accumulation_steps:
+            raise ValueError(f"The accelerate config sets gradient_accumulation_steps to "
+                             f"{accelerator.gradient_accumulation_steps}, this run's options to "
+                             f"{options.gradient_accumulation_steps}: remove it from the accelerate config (or set "
+                             "both the same); train.py's option sets it.")
+    except ValueError as error:
+        raise SystemExit(f"train.py: error: {error}") from None
     check_process_count(accelerator)
     if log_with:
         accelerator.init_trackers("train", config={k: v for k, v in vars(options).items()
