@@ -24,6 +24,7 @@ _MODELING = ("OutHeadsCausalLMOutput", "OutHeadsForCausalLM", "OutHeadsForSeq2Se
 def _modeling():
     """Import the model classes and register them with the Auto classes (once)."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers.models.auto import modeling_auto
 
     from . import modeling_outheads as modeling
 
@@ -32,6 +33,10 @@ def _modeling():
         AutoModel.register(OutHeadsConfig, (modeling.OutHeadsForCausalLM, modeling.OutHeadsForSeq2SeqLM), exist_ok=True)
         AutoModelForCausalLM.register(OutHeadsConfig, modeling.OutHeadsForCausalLM, exist_ok=True)
         AutoModelForSeq2SeqLM.register(OutHeadsConfig, modeling.OutHeadsForSeq2SeqLM, exist_ok=True)
+        # the task tables transformers reads by model type or class name (register() fills neither): the
+        # text-generation pipeline's model check, and the task Trainer's model card infers (`modelcard.TASK_MAPPING`)
+        modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(OutHeadsConfig.model_type, "OutHeadsForCausalLM")
+        modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.setdefault(OutHeadsConfig.model_type, "OutHeadsForSeq2SeqLM")
     return modeling
 
 
