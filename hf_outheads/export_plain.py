@@ -153,6 +153,7 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
         model.train(was_training)
     path = os.path.normpath(os.fspath(path))
     _writable_target(path, overwrite)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     written = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.export-", dir=os.path.dirname(os.path.abspath(path)))
     umask = os.umask(0)
     os.umask(umask)
