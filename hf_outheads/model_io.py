@@ -52,6 +52,11 @@ def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
         )
 
 
+def embedding_rows(embedding) -> int:
+    """Rows of an input embedding module, also when an adapter wraps it (PEFT: `get_base_layer()`)."""
+    return (embedding.get_base_layer() if hasattr(embedding, "get_base_layer") else embedding).num_embeddings
+
+
 def check_token_ids(ids: torch.Tensor | None, vocab_size: int, name: str = "input_ids") -> None:
     """Every input id is in [0, vocab_size): an id the embedding lacks (a tokenizer larger than
     the model) is a ValueError naming it, not the embedding's bare IndexError. One min/max

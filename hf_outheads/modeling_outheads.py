@@ -18,7 +18,7 @@ from .backbones import head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
 from .integrations import LibraryHooks, effective_embedding_weight
 from .model_io import (OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, check_token_ids,
-                       shift_right)
+                       embedding_rows, shift_right)
 from .model_card import model_tags
 
 
@@ -106,7 +106,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         """`GenerationMixin.generate` inside `head.generation_scope()` (e.g. one label matrix per call);
         the prompt's ids are checked first (a seq2seq encoder runs outside `forward`)."""
         prompt = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
-        check_token_ids(prompt, self.get_input_embeddings().num_embeddings)
+        check_token_ids(prompt, embedding_rows(self.get_input_embeddings()))
         with self.head.generation_scope():
             return super().generate(*args, **kwargs)
 
@@ -179,7 +179,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         `fused_lm_head=True`: TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch, shift_labels = kwargs.pop("num_items_in_batch", None), kwargs.pop("shift_labels", None)
-        check_token_ids(input_ids, self.get_input_embeddings().num_embeddings)
+        check_token_ids(input_ids, embedding_rows(self.get_input_embeddings()))
         outputs = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -243,7 +243,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
     ) -> OutHeadsSeq2SeqLMOutput:
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        size = self.get_input_embeddings().num_embeddings
+        size = embedding_rows(self.get_input_embeddings())
         check_token_ids(input_ids, size)
         check_token_ids(decoder_input_ids, size, "decoder_input_ids")
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:

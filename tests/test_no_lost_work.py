@@ -421,7 +421,7 @@ def test_the_readme_serving_table_lists_every_head_and_installs_each_extra_once(
     readme = (ROOT / "README.md").read_text()
     table = readme.split("### Serving", 1)[1].split("A refusal is", 1)[0]
     assert all(f"`{head}`" in table for head in HEADS), [h for h in HEADS if f"`{h}`" not in table]
-    install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    install = snippets(readme.split("## Install", 1)[1].split("\n## ", 1)[0].replace("```bash", "```python"))[0]
     assert '".[dev]"' in install and '".[train]"' not in install  # [dev] contains [train]
     extras = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any("train" in dep for dep in extras["dev"])
