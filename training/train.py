@@ -140,7 +140,7 @@ def accelerator_for(options) -> Accelerator:
 
 def lock_output_dir(output_dir) -> RunLock:
     """Refuse to start when another run writes `output_dir` (`safeguards.RunLock`); the lock
-    is released when the process ends."""
+    is released when the run ends (`training_function`) or, at the latest, when the process exits."""
     lock = RunLock(output_dir)
     note = lock.acquire()
     if note:
