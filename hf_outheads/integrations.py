@@ -219,6 +219,17 @@ class LibraryHooks:
         self.config.vocab_size = self.config.text_config.vocab_size = new_size
         return embeddings
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`, written to a folder inside `save_directory` first and
+        moved in once complete (`model_io.save_then_swap`): a save over an earlier one that fails
+        half-way (a full disk) leaves the earlier one loadable. A push to the Hub, or a process
+        that is not the main one, saves as transformers does."""
+        from .model_io import save_then_swap
+
+        if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        save_then_swap(lambda folder: super(LibraryHooks, self).save_pretrained(folder, *args, **kwargs), save_directory)
+
     def create_model_card(self, repo_id: str | None = None, tags: list[str] | None = None):
         """A `huggingface_hub.ModelCard` for this model (head, backbone, usage), rendered offline."""
         from .model_card import build_model_card

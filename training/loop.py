@@ -13,6 +13,7 @@ micro-batch means); a token mean needs the window's label count instead, so the 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from itertools import islice
 
@@ -20,6 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_outheads import IGNORE_INDEX, next_token_labels
+
+from .checkpoints import complete_checkpoints
+from .safeguards import NonFiniteError, check_finite
 
 
 def loss_tokens(batch, task: str) -> torch.Tensor:
@@ -41,7 +45,7 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options)
             # processes' gradients are averaged; the auxiliary term is a per-micro-batch mean
             accelerator.backward((nll * processes + (0.0 if aux is None else aux / len(window))) * undo_division)
             if accelerator.sync_gradients and options.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
+                check_finite("gradient norm", accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm))
             optimizer.step()  # accelerate's wrappers step (and zero) on the synchronising micro-batch only
             scheduler.step()
             optimizer.zero_grad()
@@ -83,6 +87,22 @@ def epoch_windows(accelerator, train_dl, progress, size: int):
         yield window
 
 
+@contextlib.contextmanager
+def stop_on_non_finite(step: int, options):
+    """Turn a `NonFiniteError` of optimizer step `step` into one naming the step, the last good
+    checkpoint and what to change; nothing from this step on is saved."""
+    try:
+        yield
+    except NonFiniteError as error:
+        found = complete_checkpoints(options.output_dir)
+        kept = (f"The last good checkpoint, {found[-1]}, is kept: rerunning with --resume auto continues from it"
+                if found else "No checkpoint had been saved yet")
+        raise NonFiniteError(
+            f"Training stopped at optimizer step {step}: {error} (not finite). Nothing from this step on was saved. "
+            f"{kept}. Lower learning_rate (now {options.learning_rate}), keep max_grad_norm set (now "
+            f"{options.max_grad_norm}), or train in float32 / bf16 rather than fp16.") from None
+
+
 def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps, save):
     """Train until max_steps; returns (interrupted by stop_after_steps, seconds per optimizer step).
     `stop_after_steps` interrupts only a run that started below it, so rerunning finishes."""
@@ -91,7 +111,10 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
     stop_at = options.stop_after_steps if (options.stop_after_steps or 0) > progress.step else None
     while progress.step < max_steps:
         for window in epoch_windows(accelerator, train_dl, progress, options.gradient_accumulation_steps):
-            running.add(*window_step(accelerator, model, optimizer, scheduler, window, options))
+            with stop_on_non_finite(progress.step + 1, options):
+                loss, aux = window_step(accelerator, model, optimizer, scheduler, window, options)
+                check_finite("training loss", loss)
+            running.add(loss, aux)
             progress.batches_in_epoch += len(window)
             progress.step += 1
             step_times.append(time.perf_counter() - started)

@@ -64,6 +64,10 @@ def build_model(options, tokenizer):
     head_options = options.given_head_options()
     if options.model_preset:
         text_config = preset_config(options, tokenizer)
+        if text_config.vocab_size < len(tokenizer):
+            raise ValueError(f"model_overrides.vocab_size = {text_config.vocab_size} is smaller than the tokenizer's "
+                             f"{len(tokenizer)} tokens: ids from {text_config.vocab_size} on would have no embedding. "
+                             "Drop vocab_size from model_overrides (it is the tokenizer's size by default) or raise it.")
         _set_dropout(text_config, options.dropout)
         return cls(OutHeadsConfig(text_config=text_config, head_type=options.head_type, head_options=head_options))
     config = AutoConfig.from_pretrained(options.pretrained)

@@ -27,14 +27,16 @@ from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
 from training import data as data_lib
 from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from training.evaluation import copy_scores, evaluate_perplexity, generate_texts, generation_scores, sample_text
+from training.evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
 from training.launching import accelerator_settings, check_process_count, check_sharding
 from training.loop import train_loop
 from training.modeling import build_model, parameter_counts, position_limit, step_flops
 from training.options import TrainOptions, parse_options
 from training.preflight import check_run
 from training.publish import finish_run
-from training.tokenization import TRAINABLE, context_length, load_pretrained_tokenizer, load_tokenizer, train_tokenizer, whole_texts
+from training.safeguards import NonFiniteError, OutputDirInUse, RunLock, release_run_locks
+from training.tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer,
+                                  whole_texts)
 from training.tracking import MetricsLog, Progress, trackers
 
 
@@ -61,7 +63,7 @@ def get_tokenizer(accelerator, options, train_split, resuming: bool):
                                     options.tokenizer_min_frequency, options.tokenizer_lowercase)
         tokenizer.save_pretrained(options.output_dir)
     accelerator.wait_for_everyone()
-    return load_tokenizer(options.output_dir, auto=False)
+    return load_saved_tokenizer(options.output_dir, auto=False)
 
 
 def get_dataloaders(accelerator, options, tokenizer, train_split, validation_split):
@@ -149,6 +151,16 @@ def accelerator_for(options) -> Accelerator:
     return accelerator
 
 
+def lock_output_dir(output_dir) -> RunLock:
+    """Refuse to start when another run writes `output_dir` (`safeguards.RunLock`); the lock
+    is released when the run ends (`training_function`) or, at the latest, when the process exits."""
+    lock = RunLock(output_dir)
+    note = lock.acquire()
+    if note:
+        print(note)
+    return lock
+
+
 def resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps: int) -> Progress:
     """Progress of the checkpoint loaded into the prepared objects (saying so in one line when
     it is the end of a finished run); a fresh run removes the checkpoints another run left in
@@ -194,6 +206,8 @@ def prepare_run(options) -> PreparedRun:
     latest checkpoint when there is one."""
     os.makedirs(options.output_dir, exist_ok=True)
     accelerator = accelerator_for(options)
+    if accelerator.is_main_process:  # before anything in output_dir is written or removed
+        lock_output_dir(options.output_dir)
     set_seed(options.seed)
     checkpoint = checkpoint_to_resume(options.output_dir, options.resume)
     with accelerator.main_process_first():
@@ -238,11 +252,11 @@ def final_results(run, step_times) -> dict:
                    train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
     if options.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
         prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
-        sample = sample_text(accelerator.unwrap_model(run.model), run.tokenizer, prompt,
-                             options.sample_max_new_tokens, options.seed)
-        if accelerator.is_main_process:
-            results["sample"] = sample
-            results["sample_prompt"] = prompt  # the card's usage code generates the sample again
+        model = accelerator.unwrap_model(run.model)
+        prompt, new_tokens = fit_to_context(run.tokenizer, prompt, options.sample_max_new_tokens, position_limit(model))
+        sample = sample_text(model, run.tokenizer, prompt, new_tokens, options.seed)
+        if accelerator.is_main_process:  # the card's usage code generates the sample again
+            results.update(sample=sample, sample_prompt=prompt, sample_max_new_tokens=new_tokens)
     return results
 
 
@@ -260,6 +274,14 @@ def periodic_update_hook(accelerator, model, options) -> tuple:
 
 
 def training_function(options) -> dict:
+    """Train, evaluate and publish (`run_training`); the output_dir's lock is released however it ends."""
+    try:
+        return run_training(options)
+    finally:
+        release_run_locks()
+
+
+def run_training(options) -> dict:
     run = prepare_run(options)
     accelerator = run.accelerator
 
@@ -281,7 +303,7 @@ def training_function(options) -> dict:
     results = final_results(run, step_times)
     results["train_flops"] = run.progress.step * run.counts["train_flops_per_step"]
     run.log.log({"event": "final", "train_seconds": sum(step_times),
-                 **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt")}}, run.progress.step)
+                 **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt", "sample_max_new_tokens")}}, run.progress.step)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(run.model)  # every process: gathers a sharded model's full weights
     if accelerator.is_main_process:
@@ -300,12 +322,16 @@ def exit_without_teardown() -> None:
     whose files were all written; pytorch/pytorch#75097), which a run then never finishes."""
     sys.stdout.flush()
     sys.stderr.flush()
+    release_run_locks()
     os._exit(0)
 
 
 def main(argv=None):
     options = parse_args(argv)
-    training_function(options)
+    try:
+        training_function(options)
+    except (NonFiniteError, OutputDirInUse) as error:  # said in full: no traceback
+        raise SystemExit(f"train.py: error: {error}") from None
 
 
 if __name__ == "__main__":
