@@ -27,7 +27,7 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
-from transformers.integrations import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
+from transformers.integrations import unset_hf_deepspeed_config
 
 from hf_outheads import OutHeadsForCausalLM
 from sharded_cases import CASES, LR, ROWS, batches, max_diff, mean_over_processes, reference_run
