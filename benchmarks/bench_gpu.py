@@ -10,11 +10,14 @@ both bf16:
   - `cce`: Apple's cut-cross-entropy `linear_cross_entropy` (Triton);
   - `naive`: `F.cross_entropy` of the full logits taken to fp32 (what the `full` training loss does).
 A peer whose package is not installed is listed with a note instead of figures.
+
+    python -m benchmarks.bench_gpu --vocab 32000,128000 --positions 8192,16384   # the loss comparison alone
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 
 
 def cuda_device_name() -> str:
@@ -82,14 +85,15 @@ def loss_peers() -> dict:
     return peers
 
 
-def measure_loss(loss, vocab: int, positions: int, dim: int, reps: int) -> dict:
-    """Median forward + backward seconds, step memory above the inputs, the loss value."""
+def measure_loss(loss, vocab: int, positions: int, dim: int, reps: int, device: str = "cuda") -> dict:
+    """Median forward + backward seconds, step memory above the inputs (CUDA only), the loss value."""
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(positions, dim, device="cuda", generator=g) * dim**-0.5).bfloat16().requires_grad_()
-    w = (torch.randn(vocab, dim, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
-    y = torch.randint(0, vocab, (positions,), device="cuda", generator=g)
+    g = torch.Generator(device=device).manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the CPU (`gpu_run.sh --tiny`) checks the wiring
+    x = (torch.randn(positions, dim, device=device, generator=g) * dim**-0.5).to(dtype).requires_grad_()
+    w = (torch.randn(vocab, dim, device=device, generator=g) * 0.02).to(dtype).requires_grad_()
+    y = torch.randint(0, vocab, (positions,), device=device, generator=g)
 
     def step():
         x.grad = w.grad = None
@@ -99,12 +103,17 @@ def measure_loss(loss, vocab: int, positions: int, dim: int, reps: int) -> dict:
 
     value = step()  # warm-up (Triton compilation, allocator)
     x.grad = w.grad = None
-    step_mb, _ = peak_mb(step)
-    times = [cuda_clock(step) for _ in range(reps)]
+    if device == "cuda":
+        step_mb, clock = peak_mb(step)[0], cuda_clock
+    else:
+        from benchmarks.bench_heads import cpu_clock as clock
+
+        step_mb = float("nan")
+    times = [clock(step) for _ in range(reps)]
     return {"time_s": statistics.median(times), "mem_mb": step_mb, "loss": float(value.detach())}
 
 
-def loss_rows(vocab: int, positions: int, dim: int, reps: int) -> list[str]:
+def loss_rows(vocab: int, positions: int, dim: int, reps: int, device: str = "cuda") -> list[str]:
     """Markdown rows: each peer's time and memory, as ratios to the fastest and the leanest."""
     import torch
 
@@ -114,10 +123,11 @@ def loss_rows(vocab: int, positions: int, dim: int, reps: int) -> list[str]:
             results[name] = {"note": loss}
             continue
         try:
-            results[name] = measure_loss(loss, vocab, positions, dim, reps)
+            results[name] = measure_loss(loss, vocab, positions, dim, reps, device)
         except Exception as error:  # an unsupported shape or dtype: say so in the table
             results[name] = {"note": f"error: {type(error).__name__}: {str(error)[:100]}"}
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     timed = {name: r for name, r in results.items() if "time_s" in r}
     fastest = min((r["time_s"] for name, r in timed.items() if name != "hf_outheads"), default=None)
     leanest = min((r["mem_mb"] for name, r in timed.items() if name != "hf_outheads"), default=None)
@@ -134,13 +144,13 @@ def loss_rows(vocab: int, positions: int, dim: int, reps: int) -> list[str]:
     return rows
 
 
-def loss_table(vocabs: str, positions: str, dim: int, reps: int) -> list[str]:
+def loss_table(vocabs: str, positions: str, dim: int, reps: int, device: str = "cuda") -> list[str]:
     """The comparison's markdown table over the comma-separated sizes, printed as it grows."""
     lines = LOSS_HEADER[:]
     print("\n" + "\n".join(lines), flush=True)
     for vocab in map(int, vocabs.split(",")):
         for count in map(int, positions.split(",")):
-            rows = loss_rows(vocab, count, dim, reps)
+            rows = loss_rows(vocab, count, dim, reps, device)
             print("\n".join(rows), flush=True)
             lines += rows
     return lines
@@ -148,3 +158,31 @@ def loss_table(vocabs: str, positions: str, dim: int, reps: int) -> list[str]:
 
 LOSS_HEADER = ["| V | N | loss | fwd+bwd ms | vs fastest peer | mem MB | vs leanest peer | rel. diff vs naive |",
                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+
+def main(argv=None):
+    """The loss comparison alone: `python -m benchmarks.bench_gpu --vocab 32000,128000 --positions 8192,16384`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--vocab", default="32000,128000", help="comma-separated vocabulary sizes")
+    parser.add_argument("--positions", default="8192,16384", help="comma-separated N")
+    parser.add_argument("--dim", type=int, default=2048, help="d of x and W")
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions (median reported)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: fp32, no memory figures (checks the wiring, e.g. `gpu_run.sh --tiny`)")
+    parser.add_argument("--out", help="also write the markdown table to this file")
+    args = parser.parse_args(argv)
+    import torch
+
+    where = cuda_device_name() if args.device == "cuda" else "cpu, fp32"
+    lines = [f"<!-- python -m benchmarks.bench_gpu {' '.join(sys.argv[1:] if argv is None else argv)}; {where}; "
+             f"torch {torch.__version__} -->",
+             *loss_table(args.vocab, args.positions, args.dim, args.reps, args.device)]
+    if args.out:
+        with open(args.out, "w") as out:
+            out.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -105,7 +105,7 @@ def build_model(head: str, vocab: int):
                        num_key_value_heads=4, vocab_size=vocab, max_position_embeddings=4096,
                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     head_type = "tied" if head == "backbone" else head.split("-")[0]  # "mos-reference", "mos-k3": variants
-    options = HEAD_OPTIONS[head]
+    options = HEAD_OPTIONS.get(head, {})  # a head of the package's catalog without a row here: its defaults
     torch.manual_seed(0)
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=head_type, head_options=options))
     if head.endswith("-reference"):

@@ -18,6 +18,8 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import initialization as init
 
+from transformers.utils import ModelOutput
+
 from .options import HeadDims, HeadOptions
 
 IGNORE_INDEX = -100  # labels the loss skips (transformers' convention)
@@ -42,11 +44,17 @@ class HeadInputs:
 
 
 @dataclass
-class HeadOutput:
+class HeadOutput(ModelOutput):
     """`logits` are scores, or normalised log-probabilities when `head.returns_log_probs`.
 
     `nll_sum` is the summed negative log-likelihood of the non-ignored labels (the model
     divides by the token count); `aux_loss` is an extra training term (DOC's regulariser).
+    A `ModelOutput` (a dict), so that libraries that hook module outputs find its tensors:
+    DeepSpeed ZeRO-3 gathers the head's parameters again before the head's backward by a hook
+    on them (on a plain dataclass it finds none, and the backward meets partitioned, empty
+    weights). In the forward, ZeRO-3 gathers what the head reads of other modules (`E`, its
+    sub-modules' weights) itself: a partitioned parameter read as a module attribute during a
+    forward is registered as an external parameter of the module running.
     """
 
     logits: torch.Tensor | None = None

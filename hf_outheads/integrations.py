@@ -141,6 +141,24 @@ class LibraryHooks:
         bare_head = isinstance(module, OutputHead) and next(module.parameters(recurse=False), None) is None
         return super()._initialize_weights(module, is_custom_code and not bare_head)
 
+    def initialize_weights(self):
+        """As transformers', also on a model whose parameters DeepSpeed ZeRO-3 partitioned as they
+        were built (`deepspeed.zero.Init`, which transformers enters for the backbone whenever a
+        ZeRO-3 config is active, e.g. under accelerate): the partitioned parameters are gathered
+        for the initialisation and rank 0's values kept (`deepspeed.zero.GatheredParameters`, as
+        transformers does when it resizes embeddings), so that an init that indexes or reshapes a
+        weight (a padding row, a head's identity maps) meets the full tensor. This gathers the
+        whole model once at build time; a model loaded with `from_pretrained` is not affected."""
+        partitioned = [p for p in self.parameters() if hasattr(p, "ds_id") and p.numel() == 0]
+        if not partitioned:
+            return super().initialize_weights()
+        try:  # (in a try: remote code needs no package beyond torch and transformers)
+            from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+        except ImportError as error:  # unreachable: only DeepSpeed partitions parameters
+            raise ImportError("Parameters partitioned by DeepSpeed ZeRO-3 need DeepSpeed to be gathered.") from error
+        with GatheredParameters(partitioned, modifier_rank=0):
+            return super().initialize_weights()
+
     def get_output_embeddings(self) -> OutputHead:
         """The output layer: the head, for every head type. Its scores are not `W h + b` in
         general, so it is no `nn.Linear`; what libraries do with the output layer is handled here:
@@ -200,6 +218,17 @@ class LibraryHooks:
             self.head.resize_vocab(new_size)
         self.config.vocab_size = self.config.text_config.vocab_size = new_size
         return embeddings
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`, written to a folder inside `save_directory` first and
+        moved in once complete (`model_io.save_then_swap`): a save over an earlier one that fails
+        half-way (a full disk) leaves the earlier one loadable. A push to the Hub, or a process
+        that is not the main one, saves as transformers does."""
+        from .model_io import save_then_swap
+
+        if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        save_then_swap(lambda folder: super(LibraryHooks, self).save_pretrained(folder, *args, **kwargs), save_directory)
 
     def create_model_card(self, repo_id: str | None = None, tags: list[str] | None = None):
         """A `huggingface_hub.ModelCard` for this model (head, backbone, usage), rendered offline."""

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .head_interface import HeadInputs, HeadOutput, OutputHead, nll_sum_from_logits
+from .head_interface import HeadInputs, HeadOutput, OutputHead, TiedToEmbeddings, nll_sum_from_logits
 from .latents import MixtureOptions, PriorAndLatents
 from .losses import grad_needed, log_probs_chunk_rows, mixture_nll_sum, over_row_chunks
 from .options import HeadDims
@@ -42,17 +42,23 @@ def mixture_log_probs(log_prior, latents, weight, bias) -> torch.Tensor:
     return over_row_chunks(_mix, (log_prior, latents), (weight, bias), rows, grad, V).reshape(*lead, V)  # (..., 0, V) if empty
 
 
-class MixtureHead(PriorAndLatents, OutputHead):
+class MixtureHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     """Base of `mos` / `doc`: `PriorAndLatents` (groups from `component_groups`), `weight`
-    (W, untied only) and `bias` (b, shared by the components)."""
+    (W, a parameter when untied; with `tied=True` it is `E`, shown by `TiedToEmbeddings`) and
+    `bias` (b, shared by the components)."""
 
     returns_log_probs = True
 
     def __init__(self, options: MixtureOptions, dims: HeadDims):
         super().__init__(options, dims)
         self.build_prior_and_latents(self.component_groups(), self.options.latent_dim or dims.embed_dim)
-        self.weight = None if self.options.tied else nn.Parameter(torch.empty(dims.vocab_size, self.latent_size))
+        if not self.options.tied:
+            self.weight = nn.Parameter(torch.empty(dims.vocab_size, self.latent_size))
         self.bias = nn.Parameter(torch.empty(dims.vocab_size))
+
+    @property
+    def reads_embeddings(self) -> bool:  # `TiedToEmbeddings`: E is W
+        return self.options.tied
 
     def component_groups(self) -> list[tuple[int, int]]:
         """(backbone layer, component count) pairs, from the resolved `self.options`."""
@@ -63,7 +69,7 @@ class MixtureHead(PriorAndLatents, OutputHead):
         N(0, 0.02^2) with "identity", uniform(-0.1, 0.1) (reference) otherwise. Output bias zero."""
         identity = self.options.latent_init == "identity"
         self.init_prior_and_latents(identity)
-        if self.weight is not None:
+        if not self.options.tied:
             if identity:
                 init.normal_(self.weight, 0.0, 0.02)
             else:
@@ -84,7 +90,7 @@ class MixtureHead(PriorAndLatents, OutputHead):
         forward argument `return_logits`). With labels otherwise (evaluation): both."""
         log_prior = self.log_prior(inputs.hidden)
         latents = self.latent_states(inputs)
-        weight = inputs.embeddings if self.weight is None else self.weight
+        weight = inputs.embeddings if self.options.tied else self.weight
         aux = self.aux_loss(log_prior, labels) if self.training and labels is not None else None
         if self.needs_logits(inputs, labels):
             logits = mixture_log_probs(log_prior, latents, weight, self.bias)
@@ -113,7 +119,7 @@ class MixtureHead(PriorAndLatents, OutputHead):
         self.bias.copy_(bias)
         bound = d_h**-0.5  # a random prior whatever `latent_init` (identity's is uniform: zero)
         self.prior.weight.uniform_(-bound, bound)
-        if self.weight is None:
+        if self.options.tied:
             if d == d_h and weight.shape == embeddings.shape and torch.equal(weight, embeddings):
                 latent_map = torch.eye(d, dtype=torch.float32, device=weight.device)
             else:
@@ -126,7 +132,7 @@ class MixtureHead(PriorAndLatents, OutputHead):
             latent_map, exact = vh[:d], False
             self.weight.copy_(u[:, :d] * s[:d])
         latent_map = latent_map * self.conversion_scale
-        if self.weight is not None:
+        if not self.options.tied:
             self.weight.div_(self.conversion_scale)
         for group, ((layer, count), linear) in enumerate(zip(self.groups, self.latents)):
             linear.bias.zero_()

@@ -79,13 +79,16 @@ def options_section(options: dict | None) -> str:
 
 
 def usage_code(repo_id: str, auto_class: str) -> str:
-    return f'''from transformers import {auto_class}
+    return f'''from transformers import {auto_class}, AutoTokenizer
 
 # The modelling code travels with the checkpoint: no extra install needed.
 model = {auto_class}.from_pretrained("{repo_id}", trust_remote_code=True)
 # Or, with the hf_outheads package installed, `import hf_outheads` registers the classes and
 # {auto_class}.from_pretrained("{repo_id}") works without remote code.
-outputs = model.generate(input_ids, max_new_tokens=20)  # ids from the backbone's tokenizer'''
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}")  # the backbone's tokenizer, uploaded beside the model
+inputs = tokenizer("The", return_tensors="pt")
+outputs = model.generate(**inputs, max_new_tokens=20)
+print(tokenizer.decode(outputs[0], skip_special_tokens=True))'''
 
 
 def build_model_card(model, repo_id: str | None = None, tags: list[str] | None = None, usage: str | None = None,
@@ -143,9 +146,11 @@ A `{text.model_type}` {"encoder-decoder" if seq2seq else "decoder-only"} backbon
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
-def build_plain_model_card(model, export):
+def build_plain_model_card(model, export, repo_id: str | None = None, license: str | None = None,
+                           tokenizer: bool = True):
     """The README of a plain export (`export_plain`): the stock class it loads as, the head it
-    was trained with (and its papers), and whether its logits are the trained model's."""
+    was trained with (and its papers), and whether its logits are the trained model's; usage
+    code that loads `repo_id` (default: the export's folder), with its tokenizer when one was saved."""
     from huggingface_hub import ModelCard, ModelCardData
 
     config, text = model.config, model.config.text_config
@@ -153,7 +158,14 @@ def build_plain_model_card(model, export):
     papers = paper_tags(config.head_type)
     data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag(auto_class),
                          base_model=hub_base_model(getattr(config, "base_model", None)),
-                         tags=[text.model_type, f"outheads-{config.head_type}", "hf_outheads-export", *papers])
+                         tags=[text.model_type, f"outheads-{config.head_type}", "hf_outheads-export", *papers],
+                         license=license)
+    repo_id = repo_id or export.path
+    generate = (f'''
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
+inputs = tokenizer("The", return_tensors="pt")
+outputs = model.generate(**inputs, max_new_tokens=20)
+print(tokenizer.decode(outputs[0], skip_special_tokens=True))''' if tokenizer else "")
     if export.exact:
         fidelity = ("Its logits are the trained model's (up to float rounding): the head's scores were folded "
                     "into the output matrix exactly.")
@@ -175,10 +187,10 @@ label matrix (and its context map, where it has one) became the output matrix. {
 ## Usage
 
 ```python
-from transformers import {auto_class}
+from transformers import {auto_class}{", AutoTokenizer" if tokenizer else ""}
 
 # A stock {export.architecture}: no hf_outheads, no trust_remote_code.
-model = {auto_class}.from_pretrained("{PLACEHOLDER_REPO}")
+model = {auto_class}.from_pretrained("{repo_id}"){generate}
 ```
 
 Serving stacks, converters and quantizers that know `{export.architecture}` run it as is. Training it

@@ -4,6 +4,10 @@ inputs from labels, the label check, and the check that a config's backbone suit
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +52,27 @@ def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
         )
 
 
+def embedding_rows(embedding) -> int:
+    """Rows of an input embedding module, also when an adapter wraps it (PEFT: `get_base_layer()`)."""
+    return (embedding.get_base_layer() if hasattr(embedding, "get_base_layer") else embedding).num_embeddings
+
+
+def check_token_ids(ids: torch.Tensor | None, vocab_size: int, name: str = "input_ids") -> None:
+    """Every input id is in [0, vocab_size): an id the embedding lacks (a tokenizer larger than
+    the model) is a ValueError naming it, not the embedding's bare IndexError. One min/max
+    reduction per call, no Python loop over tokens; skipped while torch.compile traces."""
+    if ids is None or ids.numel() == 0 or torch.compiler.is_compiling():
+        return
+    low, high = torch.aminmax(ids)
+    bad = int(high) if int(high) >= vocab_size else (int(low) if int(low) < 0 else None)
+    if bad is not None:
+        raise ValueError(
+            f"{name} holds the token id {bad}, outside the model's vocabulary of {vocab_size} ids (0 to {vocab_size - 1}): "
+            "the tokenizer has more tokens than the model has embeddings. Use the tokenizer the model was trained "
+            "with, or grow the model with model.resize_token_embeddings(len(tokenizer)) (and train the new rows)."
+        )
+
+
 def check_backbone_kind(model_class, config) -> None:
     """`model_class` (its `encoder_decoder` attribute) suits the config's backbone: the causal LM
     class on an encoder-decoder backbone (or the reverse) would build, then fail at its first
@@ -60,3 +85,29 @@ def check_backbone_kind(model_class, config) -> None:
                          else ("a decoder-only", "OutHeadsForCausalLM", "AutoModelForCausalLM"))
     raise ValueError(f"This model's backbone (`{text.model_type}`) is {kind} model, which {model_class.__name__} "
                      f"cannot run: load it with {right} (or {auto}).")
+
+
+# weight files of a save_pretrained folder (safetensors or torch, sharded or not, with their index)
+WEIGHT_FILE = re.compile(r"(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?")
+
+
+def save_then_swap(save, save_directory) -> None:
+    """Run `save(folder)` (a `save_pretrained`) into a fresh folder inside `save_directory`, then
+    move what it wrote into `save_directory`, `config.json` last, and remove the weight files of
+    an earlier save that this one did not write. A save that fails (a full disk) leaves the
+    earlier save as it was: transformers writes `config.json` first and the weights in place."""
+    save_directory = os.fspath(save_directory)
+    os.makedirs(save_directory, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".saving-", dir=save_directory)
+    try:
+        save(staging)
+        written = sorted(os.listdir(staging), key=lambda name: name == "config.json")
+        for name in written[:-1] if written and written[-1] == "config.json" else written:
+            os.replace(os.path.join(staging, name), os.path.join(save_directory, name))
+        for name in os.listdir(save_directory):
+            if WEIGHT_FILE.fullmatch(name) and name not in written:
+                os.remove(os.path.join(save_directory, name))
+        if "config.json" in written:
+            os.replace(os.path.join(staging, "config.json"), os.path.join(save_directory, "config.json"))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

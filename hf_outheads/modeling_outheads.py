@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_utils import slice_logits_to_keep
+from transformers.models.auto import modeling_auto
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
@@ -17,7 +18,8 @@ from .head_catalog import get_head_class
 from .backbones import head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
 from .integrations import LibraryHooks, effective_embedding_weight, fused_outputs
-from .model_io import OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, shift_right
+from .model_io import (OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, check_token_ids,
+                       embedding_rows, shift_right)
 from .model_card import model_tags
 
 
@@ -46,9 +48,10 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 
     def _check_backbone_shapes(self) -> None:
         dims, table = self.head.dims, self.output_embedding_matrix()
-        if tuple(table.shape) != (dims.vocab_size, dims.embed_dim):
+        shape = tuple(getattr(table, "ds_shape", table.shape))  # DeepSpeed ZeRO-3 (zero.Init): partitioned, shape (0,)
+        if shape != (dims.vocab_size, dims.embed_dim):
             raise ValueError(
-                f"The backbone's embedding matrix is {tuple(table.shape)} but the head was built for "
+                f"The backbone's embedding matrix is {shape} but the head was built for "
                 f"({dims.vocab_size}, {dims.embed_dim}); check text_config.vocab_size / hidden sizes."
             )
 
@@ -102,7 +105,10 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         return (model, info) if want_info else model
 
     def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate` inside `head.generation_scope()` (e.g. one label matrix per call)."""
+        """`GenerationMixin.generate` inside `head.generation_scope()` (e.g. one label matrix per call);
+        the prompt's ids are checked first (a seq2seq encoder runs outside `forward`)."""
+        prompt = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
+        check_token_ids(prompt, embedding_rows(self.get_input_embeddings()))
         with self.head.generation_scope():
             return super().generate(*args, **kwargs)
 
@@ -189,6 +195,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         `fused_lm_head=True`: TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch, shift_labels = kwargs.pop("num_items_in_batch", None), kwargs.pop("shift_labels", None)
+        check_token_ids(input_ids, embedding_rows(self.get_input_embeddings()))
         outputs = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -252,6 +259,9 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
     ) -> OutHeadsSeq2SeqLMOutput:
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        size = embedding_rows(self.get_input_embeddings())
+        check_token_ids(input_ids, size)
+        check_token_ids(decoder_input_ids, size, "decoder_input_ids")
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.backbone(
@@ -297,6 +307,10 @@ def register_auto_classes() -> None:
     AutoModel.register(OutHeadsConfig, (OutHeadsForCausalLM, OutHeadsForSeq2SeqLM), exist_ok=True)
     AutoModelForCausalLM.register(OutHeadsConfig, OutHeadsForCausalLM, exist_ok=True)
     AutoModelForSeq2SeqLM.register(OutHeadsConfig, OutHeadsForSeq2SeqLM, exist_ok=True)
+    # the task tables transformers reads by model type or class name (register() fills neither): the
+    # text-generation pipeline's model check, and the task Trainer's model card infers (`modelcard.TASK_MAPPING`)
+    modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(OutHeadsConfig.model_type, "OutHeadsForCausalLM")
+    modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.setdefault(OutHeadsConfig.model_type, "OutHeadsForSeq2SeqLM")
 
 
 if __package__ == PACKAGE:  # the installed package; remote code's copy registers nothing (transformers loads it)

@@ -28,7 +28,7 @@ when converted (`MAP_SCALE_DEFAULTS`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F

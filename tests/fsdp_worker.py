@@ -1,5 +1,5 @@
-"""Run by tests/test_fsdp.py under torchrun: 2 CPU processes (gloo). For each head, a tiny Llama
-model is sharded with FSDP2 by accelerate's own preparation (`fsdp2_prepare_model`, which
+"""Run by tests/test_fsdp.py under torchrun: 2 CPU processes (gloo). For each head
+(tests/sharded_cases.py), a tiny Llama model is sharded with FSDP2 by accelerate's own preparation (`fsdp2_prepare_model`, which
 applies `torch.distributed.fsdp.fully_shard` group by group, as `accelerate launch` with
 training/accelerate_fsdp2.yaml does; accelerate's Accelerator refuses FSDP on a CPU, so the
 function is called with the few attributes it reads), trained a few SGD steps, each process on
@@ -22,19 +22,8 @@ from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from hf_outheads import OutHeadsForCausalLM
-from tiny import VOCAB, tiny_model
-
-# dropout off everywhere (tiny Llama has none): both runs see the same function
-CASES = {
-    "tied": {},
-    "drill": {"depth": 2, "dropout": 0.0},
-    "joint": {"joint_dim": 16},
-    "mos": {"num_components": 3, "latent_dropout": 0.0},
-    "lightrnn": {"num_components": 2, "num_exclusive": 8, "num_rows": 8, "num_columns": 16, "latent_dropout": 0.0},
-    "lightrnn-tied": {"num_components": 2, "num_exclusive": 8, "num_rows": 8, "num_columns": 16,
-                      "latent_dropout": 0.0, "tied": True},
-}
-STEPS, LR, ROWS, LENGTH = 3, 0.5, 2, 9  # ROWS per process
+from sharded_cases import CASES, LR, ROWS, batches, max_diff
+from tiny import tiny_model
 
 
 def shard(model):
@@ -43,11 +32,6 @@ def shard(model):
                                         mixed_precision="no", is_main_process=dist.get_rank() == 0,
                                         device=torch.device("cpu"))
     return fsdp2_prepare_model(accelerator, model)
-
-
-def batches():
-    g = torch.Generator().manual_seed(3)
-    return [torch.randint(3, VOCAB, (2 * ROWS, LENGTH), generator=g) for _ in range(STEPS)]
 
 
 def train(model, rank):
@@ -69,11 +53,6 @@ def train(model, rank):
             dist.all_reduce(loss, op=dist.ReduceOp.AVG)
         losses.append(loss.item())
     return losses
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 def run_case(name: str, options: dict, rank: int, folder: str) -> dict:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sharded_cases import CASES, READS_E
 from subprocess_runs import run
 
 HERE = Path(__file__).resolve().parent
-READS_E = {"tied", "drill", "joint", "lightrnn-tied"}  # heads scoring with E (lightrnn, mos: own matrices)
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without torch.distributed")
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp") / "results.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}  # this checkout
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(HERE / "fsdp_worker.py"), str(out)]
     done = run(command, env=env, cwd=HERE, timeout=240)
@@ -33,7 +33,7 @@ def results(tmp_path_factory):
 
 
 def test_fsdp2_trains_every_head_as_unsharded(results):
-    assert set(results) == {"tied", "drill", "joint", "mos", "lightrnn", "lightrnn-tied"}
+    assert set(results) == set(CASES)
     for name, result in results.items():
         assert result["losses"] == pytest.approx(result["expected_losses"], abs=1e-5), name
         assert len(set(result["losses"])) == len(result["losses"]), f"{name}: the steps changed nothing"
@@ -61,7 +61,8 @@ def test_heads_reading_e_show_it_as_their_weight(family):
     from head_cases import HEAD_CASES
     from tiny import tiny_model
 
-    for head, options in [*HEAD_CASES.items(), ("lightrnn", {**HEAD_CASES["lightrnn"], "tied": True})]:
+    tied_forms = [(head, {**HEAD_CASES[head], "tied": True}) for head in ("lightrnn", "mos", "doc")]
+    for head, options in [*HEAD_CASES.items(), *tied_forms]:
         model = tiny_model(family, head, options)
         reads_e = head in ("tied", "bilinear", "joint", "drill") or options.get("tied", False)
         for probe in (model, copy.deepcopy(model)):

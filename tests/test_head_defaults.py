@@ -54,10 +54,10 @@ def test_mixtures_start_from_identity_latents_a_uniform_prior_and_their_own_outp
 
 
 def test_mixture_paper_form_keeps_the_reference_init():
-    head = scratch("mos", num_components=3, tied=True, latent_activation="tanh", latent_init="uniform",
-                   map_scale=1.0).head
-    bound = 32**-0.5
-    assert head.weight is None and torch.count_nonzero(head.prior.weight) > 0
+    model = scratch("mos", num_components=3, tied=True, latent_activation="tanh", latent_init="uniform", map_scale=1.0)
+    head, bound = model.head, 32**-0.5
+    assert "weight" not in head._parameters and head.weight is model.get_input_embeddings().weight  # tied: W is E
+    assert torch.count_nonzero(head.prior.weight) > 0
     assert head.latents[0].weight.abs().max() <= bound and (head.latents[0].weight - torch.eye(32).repeat(3, 1)).abs().max() > 0.5
 
 

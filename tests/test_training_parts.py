@@ -397,8 +397,9 @@ def test_scripts_run_as_modules_and_documented_commands_say_so():
     sources = [p for folder in ("training", "studies", "benchmarks", "hf_outheads", "examples", "tests")
                for p in (root / folder).rglob("*.py")]
     assert [str(p) for p in sources if "sys.path" in p.read_text() and p.name != Path(__file__).name] == []
-    by_path = re.compile(r"(?:python|accelerate launch|torchrun)[^\n`]*?\b(?:training|studies|benchmarks)/\w+\.py")
+    by_path = re.compile(r"(?:python|\$PY|accelerate launch|torchrun)[^\n`]*?\b(?:training|studies|benchmarks)/\w+\.py")
     documents = [*sources, *root.glob("*.md"), *(root / "training").rglob("*.md"), *(root / "studies").glob("*.md"),
+                 *(root / "benchmarks").glob("*.sh"),
                  *(root / "training" / "configs").glob("*.yaml"), *(root / "studies" / "configs").glob("*.yaml")]
     assert {str(p.relative_to(root)): by_path.findall(p.read_text()) for p in documents
             if by_path.search(p.read_text()) and p.name != Path(__file__).name} == {}

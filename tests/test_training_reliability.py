@@ -4,6 +4,7 @@ In process (tiny runs of about a second) except the launches that need several p
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ import subprocess_runs
 from tiny import tiny_config
 from training import checkpoints
 from training.evaluation import evaluate_perplexity
+from training.launching import has_accelerator
 from training.loop import window_step
 from training.options import TrainOptions, check_values, parse_options
 from training.train import training_function
@@ -109,7 +111,8 @@ def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     AcceleratorState._reset_state(True)
-    accelerator = Accelerator(cpu=True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     options = SimpleNamespace(task="causal_lm", max_grad_norm=None)
@@ -119,6 +122,35 @@ def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
     assert loss == pytest.approx(model(input_ids=ids, labels=labels).loss.item(), rel=1e-5)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, expected[name], msg=name)
+
+
+@pytest.mark.parametrize("head", ["linear", "mos"])
+def test_micro_batches_accumulated_through_accelerate_train_as_one_batch_as_large(head):
+    """N micro-batches per optimizer step (`accelerator.accumulate`, N = gradient_accumulation_steps)
+    train as one batch N times larger: the same losses and weights after two steps, label counts
+    unequal across micro-batches."""
+    ids = torch.randint(3, 99, (8, 9), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:2, :6] = -100
+    options = SimpleNamespace(task="causal_lm", max_grad_norm=1.0)
+    runs = {}
+    for accumulation in (1, 4):
+        torch.manual_seed(0)
+        head_options = {"latent_dropout": 0.0} if head == "mos" else {}
+        model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), head_type=head, head_options=head_options))
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        window = [{"input_ids": i, "labels": l} for i, l in zip(ids.split(8 // accumulation), labels.split(8 // accumulation))]
+        losses = [window_step(accelerator, model, optimizer, scheduler, window, options)[0] for _ in range(2)]
+        runs[accumulation] = losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    (one, one_state), (four, four_state) = runs[1], runs[4]
+    assert four == pytest.approx(one, abs=1e-5) and one[1] != one[0]
+    for name, value in one_state.items():
+        torch.testing.assert_close(four_state[name], value, atol=1e-5, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -156,18 +188,20 @@ def test_an_evaluation_over_no_token_is_an_error():
         evaluate_perplexity(accelerator, model, batches, "causal_lm")
 
 
-def launch(tmp_path, launch_args, name, **overrides):
+def launch(tmp_path, launch_args, name, env=None, returncode=0, **overrides):
     import yaml
 
     config = tmp_path / f"{name}.yaml"
     config.write_text(yaml.safe_dump({**TINY, "output_dir": str(tmp_path / name), "max_steps": None,
                                       "num_train_epochs": 1, "save_steps": None, **overrides}))
-    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    env = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}, **(env or {})}
     command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "training.train",
                "--config", str(config)]
     done = subprocess_runs.run(command, env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == returncode, done.stderr[-4000:]
+    if returncode:
+        return None, done.stderr
     start = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
     return start, done.stderr
 
@@ -179,6 +213,36 @@ def test_the_documented_two_process_command_starts_two_cpu_processes_and_counts_
     two, _ = launch(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29541"], "two")
     assert (one["num_processes"], two["num_processes"]) == (1, 2)
     assert two["max_steps"] == -(-one["max_steps"] // 2)  # one epoch: half the batches per process
+
+
+@pytest.mark.skipif(has_accelerator(), reason="a machine with an accelerator shards with FSDP")
+def test_the_documented_fsdp2_launch_on_a_cpu_stops_instead_of_training_unsharded(tmp_path):
+    """accelerate's Accelerator runs FSDP on accelerators only: on a CPU the launch would train
+    every process unsharded; train.py stops before training, saying why and what to do."""
+    _, stderr = launch(tmp_path, ["--config_file", str(ROOT / "training" / "accelerate_fsdp2.yaml"), "--num_processes",
+                                  "2", "--main_process_port", "29543"], "fsdp", returncode=1, max_steps=1)
+    assert "The accelerate config asks for FSDP sharding, but accelerate runs FSDP on GPUs" in stderr, stderr[-3000:]
+    assert "Nothing was trained" in stderr and "training/accelerate_zero3.yaml" in stderr
+    assert not (tmp_path / "fsdp" / "model.safetensors").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="DeepSpeed is not installed (pip install 'hf_outheads[deepspeed]')")
+def test_the_documented_zero3_launch_shards_on_a_cpu_and_saves_a_loadable_model(tmp_path):
+    """train.py under training/accelerate_zero3.yaml on 2 CPU processes (DeepSpeed's CPU
+    accelerator): a ZeRO-3 run with gradient accumulation whose gathered weights load back. A Llama
+    preset with mos: built with its backbone partitioned (accelerate activates transformers'
+    zero.Init), initialised on gathered weights (a padding row, identity latent maps)."""
+    from hf_outheads import OutHeadsForCausalLM
+
+    start, _ = launch(tmp_path, ["--config_file", str(ROOT / "training" / "accelerate_zero3.yaml"), "--num_processes",
+                                 "2", "--main_process_port", "29545"], "zero3", env={"DS_ACCELERATOR": "cpu"},
+                      num_train_epochs=None, max_steps=2, gradient_accumulation_steps=2, model_preset="llama-tiny",
+                      model_overrides={}, head_type="mos")
+    assert start["num_processes"] == 2 and start["max_steps"] == 2
+    assert start["parameters"] > start["head_parameters"] > 0  # full sizes of the partitioned parameters
+    model = OutHeadsForCausalLM.from_pretrained(tmp_path / "zero3")
+    assert sum(p.numel() for p in model.parameters()) == start["parameters"]
 
 
 def test_a_launch_that_gets_fewer_processes_than_asked_warns(tmp_path):

@@ -7,7 +7,8 @@ weights as safetensors; optimizer, schedule and RNG states as `torch.save` files
 identity. A checkpoint is saved into `checkpoints/tmp-checkpoint_<step>`, completed by
 `checkpoint.json`, then renamed (`os.replace`); only then are the oldest complete checkpoints
 beyond `save_total_limit` deleted. A folder without `checkpoint.json` (a save killed half-way,
-a stale `tmp-*`) is never resumed from and never counts towards the limit.
+a stale `tmp-*`) is never resumed from and never counts towards the limit. A save that fails
+is removed; on a full disk the error says so and where (`safeguards.disk_full_error`).
 Rotation is ours, not `ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=...)`:
 accelerate saves in place and deletes by folder count, so a killed save would be resumed from.
 """
@@ -20,6 +21,8 @@ import pickle
 import re
 import shutil
 from pathlib import Path
+
+from .safeguards import disk_full_error
 
 MARKER = "checkpoint.json"
 FORMAT = 1
@@ -90,11 +93,19 @@ def save_checkpoint(accelerator, model, output_dir, progress: dict, total_limit:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a killed save
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp), safe_serialization=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            identity = model_identity(accelerator.unwrap_model(model))
+            _write_json(tmp / MARKER, {"format": FORMAT, "progress": progress, "model": identity})
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)  # the partial save: never resumed from, and it frees the space
+        full = disk_full_error(tmp, error)
+        if full is None:
+            raise
+        raise full from error
     if accelerator.is_main_process:
-        identity = model_identity(accelerator.unwrap_model(model))
-        _write_json(tmp / MARKER, {"format": FORMAT, "progress": progress, "model": identity})
         if final.exists():  # the same step saved again: keep it until the new one is in place
             old = folder / f"tmp-old-{final.name}"
             shutil.rmtree(old, ignore_errors=True)

@@ -36,11 +36,16 @@ def _check_files_not_empty(data_files: dict) -> None:
                 raise ValueError(f"The {split!r} split is empty: data_files[{split!r}] = {path!r} has no data.")
 
 
+def corpus_config(options) -> str:
+    """The config of a corpus built here that the run uses: `dataset_config`, by default "text"
+    for a causal LM and the corpus's seq2seq task otherwise."""
+    return options.dataset_config or ("text" if options.task == "causal_lm" else BUILT_CORPORA[options.dataset_name][1])
+
+
 def load_raw(options):
     """The dataset splits named by the options, before tokenisation."""
     if options.dataset_name in BUILT_CORPORA:
-        load, seq2seq_config = BUILT_CORPORA[options.dataset_name]
-        raw = load(options.dataset_config or ("text" if options.task == "causal_lm" else seq2seq_config))
+        raw = BUILT_CORPORA[options.dataset_name][0](corpus_config(options))
         return _to_iterable(raw) if options.streaming else raw
     if options.data_files:
         _check_files_not_empty(options.data_files)

@@ -112,6 +112,18 @@ def copy_scores(metric_names, sources, references, prefix: str = "") -> dict:
             for key, value in generation_scores(metric_names, hypotheses, references).items()}
 
 
+def fit_to_context(tokenizer, prompt: str, max_new_tokens: int, positions: int | None) -> tuple[str, int]:
+    """(prompt, max_new_tokens) of a sample that fits the model's `positions` (None: no limit):
+    the new tokens are capped at what the context leaves, a prompt that fills it is cut to half of it."""
+    if not positions:
+        return prompt, max_new_tokens
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if len(ids) >= positions:
+        prompt = tokenizer.decode(ids[: positions // 2])
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return prompt, max(min(max_new_tokens, positions - len(ids)), 0)
+
+
 @torch.no_grad()
 def sample_text(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
     """A sampled continuation of `prompt` (`SAMPLING`: top-p 0.9, seeded), prompt included; `model` unwrapped."""

@@ -18,9 +18,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 import hf_outheads
+from training.tokenization import load_saved_tokenizer
 
 
 def load(trained_dir: str):
@@ -30,10 +31,18 @@ def load(trained_dir: str):
         raise SystemExit(f"{trained_dir} holds a '{config.model_type}' model, not an hf_outheads one: nothing to export.")
     model_class = hf_outheads.OutHeadsForSeq2SeqLM if config.is_encoder_decoder else hf_outheads.OutHeadsForCausalLM
     try:
-        tokenizer = AutoTokenizer.from_pretrained(trained_dir)
-    except (OSError, ValueError):  # no tokenizer saved with the model
-        tokenizer = None
+        tokenizer = load_saved_tokenizer(trained_dir)  # None: no tokenizer saved with the model
+    except ValueError as error:
+        raise SystemExit(f"Not exported: {error}") from None
     return model_class.from_pretrained(trained_dir).eval(), tokenizer
+
+
+def card_license(trained_dir: str) -> str | None:
+    """The license in the trained model's card (README.md), carried over to the export's card."""
+    from huggingface_hub import ModelCard
+
+    card = Path(trained_dir) / "README.md"
+    return ModelCard.load(card).data.license if card.is_file() else None
 
 
 def main(argv=None) -> dict:
@@ -43,13 +52,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--approximate", action="store_true",
                         help="drop an output bias the backbone's class cannot hold (needs --text-file)")
     parser.add_argument("--text-file", help="text, one sequence per line, on which to measure the mean KL divergence")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace out_dir when it is not empty (the whole folder, swapped in once written)")
     args = parser.parse_args(argv)
     model, tokenizer = load(args.trained_dir)
     texts = None
     if args.text_file:
         texts = [line for line in Path(args.text_file).read_text().splitlines() if line.strip()]
     try:
-        result = model.export_plain(args.out_dir, tokenizer, approximate=args.approximate, texts=texts)
+        result = model.export_plain(args.out_dir, tokenizer, approximate=args.approximate, texts=texts,
+                                    overwrite=args.overwrite, license=card_license(args.trained_dir))
+    except FileExistsError as error:
+        raise SystemExit(f"Not exported: {error}") from None
     except ValueError as error:
         raise SystemExit(f"Not exported: {error} (Here: --approximate --text-file FILE.)") from None
     report = dataclasses.asdict(result)

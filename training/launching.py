@@ -4,6 +4,12 @@ On a CPU-only machine, `accelerate launch --multi_gpu --num_processes 2 -m train
 starts two processes (torchrun); `force_cpu` makes them form one CPU (gloo) process group
 instead of two independent one-process runs. Without `--multi_gpu`, accelerate's simple
 launcher starts one process whatever `--num_processes` says: `check_process_count` warns.
+
+A launch whose accelerate config asks for sharding (`distributed_type: FSDP` or `DEEPSPEED`,
+which `accelerate launch` passes on as ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED) shards or
+stops (`check_sharding`): never a silent unsharded run. DeepSpeed runs on a CPU-only machine
+(its CPU accelerator, a gloo process group: `accelerator_settings`); accelerate runs FSDP on
+accelerators only.
 """
 
 from __future__ import annotations
@@ -18,12 +24,50 @@ LAUNCH_HELP = ("On a CPU-only machine start several processes with "
                "`accelerate launch --multi_gpu --num_processes N -m training.train ...` (see training/README.md).")
 
 
+def has_accelerator() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
 def force_cpu() -> bool:
     """True when a multi-process launch (WORLD_SIZE > 1) runs on a machine without accelerator."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False
-    accelerator = getattr(torch, "accelerator", None)
-    return not (accelerator.is_available() if accelerator is not None else torch.cuda.is_available())
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator()
+
+
+def requested_sharding() -> str | None:
+    """"FSDP" or "DeepSpeed" when the accelerate config of the launch asks for it, else None."""
+    for name, variable in (("FSDP", "ACCELERATE_USE_FSDP"), ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED")):
+        if os.environ.get(variable, "false").lower() in ("1", "true", "yes"):
+            return name
+    return None
+
+
+def accelerator_settings() -> dict:
+    """Keyword arguments for `Accelerator`: a CPU process group for several processes on a
+    CPU-only machine (`force_cpu`), except under DeepSpeed, which runs there itself (its CPU
+    accelerator) in a gloo process group that accelerate must be told to create."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if requested_sharding() == "DeepSpeed" and not has_accelerator():
+        return {"cpu": False, "kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
+    return {"cpu": force_cpu()}
+
+
+def check_sharding(accelerator) -> None:
+    """Stop (a ValueError saying why and what to do) when the launch asked for FSDP or DeepSpeed
+    and the Accelerator does not shard with it."""
+    requested = requested_sharding()
+    running = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}.get(accelerator.distributed_type.name)
+    if requested is None or running == requested:
+        return
+    why = ("accelerate runs FSDP on GPUs (or other accelerators) only: on a machine without one it would train "
+           "every process unsharded" if requested == "FSDP" and not has_accelerator() else
+           f"the Accelerator set itself up as {accelerator.distributed_type.name} instead")
+    raise ValueError(
+        f"The accelerate config asks for {requested} sharding, but {why}. Nothing was trained. Run the launch on a "
+        "machine with GPUs; on a CPU-only machine use DeepSpeed (training/accelerate_zero3.yaml, `pip install "
+        "'hf_outheads[deepspeed]'`, DS_ACCELERATOR=cpu) or unsharded data parallelism (`accelerate launch --multi_gpu "
+        "--num_processes N training/train.py ...`). See training/README.md, \"Sharded training\".")
 
 
 def launcher_command_line() -> list[str]:

@@ -4,8 +4,11 @@ Each window's loss is the token mean over the whole window (and over every proce
 transformers' Trainer computes it: the model gets `num_items_in_batch`, the window's label
 tokens summed over processes, and returns `sum of NLL / num_items_in_batch` per micro-batch.
 A head's auxiliary loss (DOC) is averaged over the window's micro-batches.
-Hand-written rather than `accelerator.accumulate`: that divides each micro-batch's loss by the
-step count (a mean of micro-batch means), while a token mean needs the window's label count first.
+The micro-batches accumulate through `accelerator.accumulate` (gradient synchronisation on the
+window's last micro-batch; under DeepSpeed, its engine's own accumulation and step). accelerate
+and DeepSpeed divide each micro-batch's loss by `gradient_accumulation_steps` (a mean of
+micro-batch means); a token mean needs the window's label count instead, so the loss handed to
+`accelerator.backward` is multiplied back by that step count.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from tqdm.auto import tqdm
 
 from hf_outheads import IGNORE_INDEX, next_token_labels
 
+from .checkpoints import complete_checkpoints
+from .safeguards import NonFiniteError, check_finite
+
 
 def loss_tokens(batch, task: str) -> torch.Tensor:
     """Label tokens the model scores (a causal LM predicts token t + 1 at position t)."""
@@ -31,21 +37,21 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options)
     Returns (the window's mean token NLL over all processes, mean auxiliary loss or None)."""
     count = accelerator.reduce(sum(loss_tokens(b, options.task) for b in window).to(accelerator.device), "sum")
     processes, nll_total, aux_total = accelerator.num_processes, 0.0, None
-    for index, batch in enumerate(window):
-        last = index == len(window) - 1  # gradients are all-reduced once, after the last micro-batch
-        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+    undo_division = accelerator.gradient_accumulation_steps  # see the module docstring
+    for batch in window:  # accelerate synchronises (and steps) on the last: the window ends an accumulation
+        with accelerator.accumulate(model):
             outputs = model(**batch, num_items_in_batch=count)
             nll, aux = outputs.nll_loss, outputs.aux_loss  # nll: this process's share of the window's token mean
             # processes' gradients are averaged; the auxiliary term is a per-micro-batch mean
-            accelerator.backward(nll * processes + (0.0 if aux is None else aux / len(window)))
+            accelerator.backward((nll * processes + (0.0 if aux is None else aux / len(window))) * undo_division)
+            if accelerator.sync_gradients and options.max_grad_norm:
+                check_finite("gradient norm", accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm))
+            optimizer.step()  # accelerate's wrappers step (and zero) on the synchronising micro-batch only
+            scheduler.step()
+            optimizer.zero_grad()
         nll_total += nll.detach()
         if aux is not None:
             aux_total = (aux_total or 0.0) + aux.detach() / len(window)
-    if options.max_grad_norm:
-        accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad()
     nll_total = accelerator.reduce(torch.as_tensor(nll_total, device=accelerator.device), "sum").item()
     aux_mean = None if aux_total is None else accelerator.reduce(aux_total, "mean").item()
     return nll_total, aux_mean
@@ -81,6 +87,22 @@ def epoch_windows(accelerator, train_dl, progress, size: int):
         yield window
 
 
+@contextlib.contextmanager
+def stop_on_non_finite(step: int, options):
+    """Turn a `NonFiniteError` of optimizer step `step` into one naming the step, the last good
+    checkpoint and what to change; nothing from this step on is saved."""
+    try:
+        yield
+    except NonFiniteError as error:
+        found = complete_checkpoints(options.output_dir)
+        kept = (f"The last good checkpoint, {found[-1]}, is kept: rerunning with --resume auto continues from it"
+                if found else "No checkpoint had been saved yet")
+        raise NonFiniteError(
+            f"Training stopped at optimizer step {step}: {error} (not finite). Nothing from this step on was saved. "
+            f"{kept}. Lower learning_rate (now {options.learning_rate}), keep max_grad_norm set (now "
+            f"{options.max_grad_norm}), or train in float32 / bf16 rather than fp16.") from None
+
+
 def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps, save):
     """Train until max_steps; returns (interrupted by stop_after_steps, seconds per optimizer step).
     `stop_after_steps` interrupts only a run that started below it, so rerunning finishes."""
@@ -89,7 +111,10 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
     stop_at = options.stop_after_steps if (options.stop_after_steps or 0) > progress.step else None
     while progress.step < max_steps:
         for window in epoch_windows(accelerator, train_dl, progress, options.gradient_accumulation_steps):
-            running.add(*window_step(accelerator, model, optimizer, scheduler, window, options))
+            with stop_on_non_finite(progress.step + 1, options):
+                loss, aux = window_step(accelerator, model, optimizer, scheduler, window, options)
+                check_finite("training loss", loss)
+            running.add(loss, aux)
             progress.batches_in_epoch += len(window)
             progress.step += 1
             step_times.append(time.perf_counter() - started)

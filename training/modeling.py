@@ -76,6 +76,10 @@ def build_model(options, tokenizer):
     head = options.head_spec()
     if options.model_preset:
         text_config = preset_config(options, tokenizer)
+        if text_config.vocab_size < len(tokenizer):
+            raise ValueError(f"model_overrides.vocab_size = {text_config.vocab_size} is smaller than the tokenizer's "
+                             f"{len(tokenizer)} tokens: ids from {text_config.vocab_size} on would have no embedding. "
+                             "Drop vocab_size from model_overrides (it is the tokenizer's size by default) or raise it.")
         _set_dropout(text_config, options.dropout)
         return cls(OutHeadsConfig(text_config=text_config, head_type=head.head_type, head_options=head.options))
     config = AutoConfig.from_pretrained(options.pretrained)
@@ -91,9 +95,10 @@ def build_model(options, tokenizer):
 
 
 def parameter_counts(model) -> dict[str, int]:
-    """Total trainable parameters and those of the output head alone."""
-    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    head = sum(p.numel() for p in model.head.parameters() if p.requires_grad)
+    """Total trainable parameters and those of the output head alone (a parameter partitioned by
+    DeepSpeed ZeRO-3 counts its full size, `ds_numel`)."""
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    head = sum(getattr(p, "ds_numel", p.numel()) for p in model.head.parameters() if p.requires_grad)
     return {"parameters": total, "head_parameters": head}
 
 

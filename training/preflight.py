@@ -6,7 +6,8 @@ wrong option fails in a second with one message instead of after the data is tok
 - the checkpoint the run would resume (`resume: auto` finds the latest in output_dir): one
   written for another head type or backbone family is refused here, naming both. What only
   the built model shows (head options, vocabulary, shapes) is still checked when the
-  checkpoint is loaded (`checkpoints.check_identity`).
+  checkpoint is loaded (`checkpoints.check_identity`);
+- `push_to_hub`: the Hub reachable with a token (`check_hub`), not found out after training.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ def check_backbone(options) -> None:
     from training.modeling import check_backbone as check_preset_or_pretrained
 
     check_preset_or_pretrained(options)
+    vocab = options.model_overrides.get("vocab_size")
+    if options.model_preset and isinstance(vocab, int) and options.tokenizer == "bpe" \
+            and vocab < options.tokenizer_vocab_size:
+        raise ValueError(f"model_overrides.vocab_size = {vocab} is smaller than the tokenizer it trains "
+                         f"(tokenizer_vocab_size = {options.tokenizer_vocab_size}): ids from {vocab} on would have no "
+                         "embedding. Drop vocab_size from model_overrides (the tokenizer's size is the default) or raise it.")
     if options.tokenizer == "auto" and not options.pretrained:
         raise ValueError("tokenizer: auto needs a pretrained model; use tokenizer: bpe / wordlevel or a tokenizer path.")
 
@@ -56,6 +63,28 @@ def check_checkpoint(options) -> None:
             "or use another --output_dir.")
 
 
+def check_hub(options) -> None:
+    """`push_to_hub` needs the Hub: not offline, a token, and the Hub reachable with it, checked
+    before training rather than after it."""
+    if not options.push_to_hub:
+        return
+    from huggingface_hub import HfApi, constants, get_token
+
+    dry_run = ("To train now and publish later, drop --push_to_hub: the run writes the card it would push to "
+               f"{options.output_dir}/README.md (its usage code names --hub_model_id when given), and "
+               f"`hf upload <repo_id> {options.output_dir} --exclude 'checkpoints/*'` uploads it once the Hub is reachable.")
+    if constants.is_offline_mode():
+        raise ValueError(f"push_to_hub needs the Hub, and HF_HUB_OFFLINE is set. {dry_run}")
+    if not get_token():
+        raise ValueError(f"push_to_hub needs a Hub token: run `hf auth login` or set HF_TOKEN. {dry_run}")
+    try:
+        HfApi().whoami()
+    except Exception as error:  # noqa: BLE001: no network, a refused token, ...
+        raise ValueError(f"push_to_hub: the Hub cannot be reached with this token ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}). {dry_run}") from None
+
+
 def check_run(options) -> None:
     check_backbone(options)
     check_checkpoint(options)
+    check_hub(options)

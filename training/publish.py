@@ -11,6 +11,7 @@ from huggingface_hub import EvalResult, HfApi, ModelCard
 
 from hf_outheads.model_card import build_model_card, citation_section, pipeline_tag
 
+from .data import corpus_config
 from .evaluation import SAMPLING
 from .tracking import RESULTS_FILE, read_metrics
 
@@ -82,7 +83,7 @@ STDLIB_TASKS = {  # stdlib_docstrings config -> what the run learnt
 def dataset_description(options) -> tuple[str, str]:
     """(model-index dataset type, prose)."""
     if options.dataset_name == "stdlib_docstrings":
-        return "stdlib_docstrings", f"Built in: {STDLIB_TASKS[options.dataset_config]} (`training/stdlib_corpus.py`)."
+        return "stdlib_docstrings", f"Built in: {STDLIB_TASKS[corpus_config(options)]} (`training/stdlib_corpus.py`)."
     if options.dataset_name:
         config = f" (`{options.dataset_config}`)" if options.dataset_config else ""
         return options.dataset_name, f"The Hub dataset `{options.dataset_name}`{config}, split `{options.train_split}`."
@@ -121,7 +122,8 @@ def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCa
     task_type = pipeline_tag(auto_class)
     evals = [
         EvalResult(task_type=task_type, dataset_type=dataset_type, dataset_name=dataset_type,
-                   dataset_config=options.dataset_config, dataset_split=options.validation_split,
+                   dataset_config=corpus_config(options) if dataset_type == "stdlib_docstrings" else options.dataset_config,
+                   dataset_split=options.validation_split,
                    metric_type=metric_type, metric_name=name, metric_value=round(float(results[key]), 4))
         for key, (metric_type, name) in CARD_METRICS.items() if key in results
     ]
@@ -143,7 +145,7 @@ def usage_code(options, results, auto_class: str, repo_id: str) -> str:
         text = json.dumps(results.get("sample_prompt") or (results.get("sample") or "The")[:30])
         settings = ", ".join(f"{key}={value!r}" for key, value in SAMPLING.items())
         call = (f"torch.manual_seed({options.seed})  # the card's sample is sampled: the same seed gives it again\n"
-                f"output = model.generate(**inputs, max_new_tokens={options.sample_max_new_tokens}, {settings})")
+                f"output = model.generate(**inputs, max_new_tokens={results.get('sample_max_new_tokens', options.sample_max_new_tokens)}, {settings})")
     else:
         text = json.dumps(results["samples"][0]["source"]) + " + tokenizer.eos_token" if results.get("samples") else '"..."'
         call = (f"output = model.generate(**inputs, max_new_tokens={options.max_target_length}, "

@@ -4,20 +4,23 @@ library's docstrings, with no download, in a few minutes on 2 CPU cores.
     python -m training.quickstart            # language modelling, then seq2seq
     python -m training.quickstart --task lm  # only one of them
 
-Each task is a normal `accelerate launch -m training.train --config <yaml>` run, so what
-it prints (perplexity, BLEU, a generated sample, where the card is) is what training does.
+Each task is a normal `accelerate launch -m training.train` run (`by_hand_command`, printed
+before it runs; training/README.md shows it), so what it prints (perplexity, BLEU, a generated
+sample, where the card is) is what that command gives.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
+ROOT = Path(__file__).resolve().parents[1]  # the repository: `training` importable from it
+CONFIGS = ROOT / "training" / "configs"
 TASKS = {"lm": CONFIGS / "quickstart_lm.yaml", "seq2seq": CONFIGS / "quickstart_seq2seq.yaml"}
 
 
@@ -30,20 +33,33 @@ def parse_args(argv=None):
     return args
 
 
-def launch_command(config: Path, output_dir: Path, overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--num_processes", "1", "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "training.train", "--config", str(config),
+# one process, full precision, whatever `accelerate config` set up: the run the READMEs' numbers are of
+LAUNCH_ARGS = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def by_hand_command(task: str, output_dir: Path, overrides: list[str]) -> list[str]:
+    """The command, from the repository root, that runs quickstart `task` as the quickstart does."""
+    return ["accelerate", "launch", *LAUNCH_ARGS, "-m", "training.train", "--config", f"training/configs/{TASKS[task].name}",
             "--output_dir", str(output_dir), "--resume", "never", *overrides]
+
+
+def launch_command(task: str, output_dir: Path, overrides: list[str]) -> list[str]:
+    """`by_hand_command` with this interpreter's accelerate and absolute paths (any working directory:
+    `main` puts the repository on the run's PYTHONPATH)."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--quiet", *LAUNCH_ARGS, "-m", "training.train",
+            "--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never", *overrides]
 
 
 def main(argv=None):
     args = parse_args(argv)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     for task in (TASKS if args.task == "both" else [args.task]):
         output_dir = Path(args.output_root) / TASKS[task].stem
-        print(f"\n=== quickstart {task}: {TASKS[task].name} -> {output_dir}", flush=True)
+        print(f"\n=== quickstart {task}: {TASKS[task].name} -> {output_dir}\n=== by hand: "
+              f"{shlex.join(by_hand_command(task, output_dir, args.overrides))}", flush=True)
         started = time.perf_counter()
-        done = subprocess.run(launch_command(TASKS[task], output_dir, args.overrides), env=env)
+        done = subprocess.run(launch_command(task, output_dir, args.overrides), env=env)
         if done.returncode:  # train.py has printed why
             raise SystemExit(f"=== quickstart {task} failed (exit status {done.returncode})")
         print(f"=== {task} done in {time.perf_counter() - started:.0f} s", flush=True)

@@ -22,7 +22,7 @@ Only an allowlist of modules is imported: importing arbitrary stdlib modules can
 window (turtle, tkinter, idlelib), a browser (antigravity) or print (this). The walk runs
 in a fresh, isolated interpreter (`python -I`), so that neither the modules the caller has
 imported (some patch stdlib classes) nor the walk's own imports leak into the other: the
-corpus is the same for a given Python version. The split is by a hash of the record's name.
+corpus is the same for a given Python version, wherever and however that Python is started. The split is by a hash of the record's name.
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ def _doc(obj) -> str | None:
 
 
 def _signature(obj) -> str:
+    """The signature as written, with what depends on the machine made fixed: object addresses
+    dropped, and the interpreter's path (a default of `platform.architecture`: it is where and
+    how Python was started, `.../bin/python` or `.../bin/python3`) written `sys.executable`."""
     try:
-        return _ADDRESS.sub("", str(inspect.signature(obj)))
+        return _ADDRESS.sub("", str(inspect.signature(obj))).replace(repr(sys.executable), "sys.executable")
     except (TypeError, ValueError):
         return "" if inspect.isclass(obj) else "(...)"
 

@@ -43,12 +43,14 @@ from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
 from training import data as data_lib
 from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from training.evaluation import copy_scores, evaluate_perplexity, generate_texts, generation_scores, sample_text
-from training.launching import check_process_count, force_cpu
+from training.evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
+from training.launching import accelerator_settings, check_process_count, check_sharding
 from training.loop import train_loop
 from training.modeling import build_model, parameter_counts, position_limit, step_flops
 from training.publish import finish_run
-from training.tokenization import TRAINABLE, context_length, load_pretrained_tokenizer, load_tokenizer, train_tokenizer, whole_texts
+from training.safeguards import NonFiniteError, OutputDirInUse, RunLock, release_run_locks
+from training.tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer,
+                                  whole_texts)
 from training.tracking import MetricsLog, Progress, trackers
 
 
@@ -64,7 +66,7 @@ def get_tokenizer(accelerator, options, train_split, resuming: bool):
                                     options.tokenizer_min_frequency, options.tokenizer_lowercase)
         tokenizer.save_pretrained(options.output_dir)
     accelerator.wait_for_everyone()
-    return load_tokenizer(options.output_dir, auto=False)
+    return load_saved_tokenizer(options.output_dir, auto=False)
 
 
 def get_dataloaders(accelerator, options, tokenizer, train_split, validation_split):
@@ -125,19 +127,41 @@ def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final:
 
 
 def accelerator_for(options) -> Accelerator:
-    """The Accelerator (gradient accumulation is done by `loop.window_step`, not by accelerate);
-    several processes on a CPU-only machine form a CPU process group (`launching.force_cpu`)."""
+    """The Accelerator, accumulating `gradient_accumulation_steps` micro-batches per optimizer step
+    (`loop.window_step`: `accelerator.accumulate`, DeepSpeed's own under DeepSpeed); several processes
+    on a CPU-only machine form a CPU process group, and a launch asking for FSDP or DeepSpeed shards
+    or stops (`launching.accelerator_settings`, `launching.check_sharding`)."""
     log_with = trackers(options.report_to)
     accelerator = Accelerator(
-        mixed_precision=options.mixed_precision, cpu=force_cpu(), log_with=log_with or None,
+        mixed_precision=options.mixed_precision, log_with=log_with or None,
+        gradient_accumulation_steps=options.gradient_accumulation_steps,
         project_config=ProjectConfiguration(project_dir=options.output_dir),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True), **accelerator_settings(),
     )
+    try:
+        check_sharding(accelerator)
+        if accelerator.gradient_accumulation_steps != options.gradient_accumulation_steps:
+            raise ValueError(f"The accelerate config sets gradient_accumulation_steps to "
+                             f"{accelerator.gradient_accumulation_steps}, this run's options to "
+                             f"{options.gradient_accumulation_steps}: remove it from the accelerate config (or set "
+                             "both the same); train.py's option sets it.")
+    except ValueError as error:
+        raise SystemExit(f"train.py: error: {error}") from None
     check_process_count(accelerator)
     if log_with:
         accelerator.init_trackers("train", config={k: v for k, v in vars(options).items()
                                                    if isinstance(v, (int, float, str, bool))})
     return accelerator
+
+
+def lock_output_dir(output_dir) -> RunLock:
+    """Refuse to start when another run writes `output_dir` (`safeguards.RunLock`); the lock
+    is released when the run ends (`training_function`) or, at the latest, when the process exits."""
+    lock = RunLock(output_dir)
+    note = lock.acquire()
+    if note:
+        print(note)
+    return lock
 
 
 def resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps: int) -> Progress:
@@ -185,6 +209,8 @@ def prepare_run(options) -> PreparedRun:
     latest checkpoint when there is one."""
     os.makedirs(options.output_dir, exist_ok=True)
     accelerator = accelerator_for(options)
+    if accelerator.is_main_process:  # before anything in output_dir is written or removed
+        lock_output_dir(options.output_dir)
     set_seed(options.seed)
     checkpoint = checkpoint_to_resume(options.output_dir, options.resume)
     with accelerator.main_process_first():
@@ -213,6 +239,7 @@ def prepare_run(options) -> PreparedRun:
     log.truncate_after(progress.step if progress.step else -1)  # a fresh run starts a fresh log
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
+                 "distributed_type": accelerator.distributed_type.value, "prepared_model": type(model).__name__,
                  "validation_examples": n_validation, "max_steps": max_steps}, 0)
     return PreparedRun(options=options, accelerator=accelerator, tokenizer=tokenizer, model=model, optimizer=optimizer,
                        scheduler=scheduler, train_dl=train_dl, eval_dl=eval_dl, gen_dl=gen_dl,
@@ -228,11 +255,11 @@ def final_results(run, step_times) -> dict:
                    train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
     if options.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
         prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
-        sample = sample_text(accelerator.unwrap_model(run.model), run.tokenizer, prompt,
-                             options.sample_max_new_tokens, options.seed)
-        if accelerator.is_main_process:
-            results["sample"] = sample
-            results["sample_prompt"] = prompt  # the card's usage code generates the sample again
+        model = accelerator.unwrap_model(run.model)
+        prompt, new_tokens = fit_to_context(run.tokenizer, prompt, options.sample_max_new_tokens, position_limit(model))
+        sample = sample_text(model, run.tokenizer, prompt, new_tokens, options.seed)
+        if accelerator.is_main_process:  # the card's usage code generates the sample again
+            results.update(sample=sample, sample_prompt=prompt, sample_max_new_tokens=new_tokens)
     return results
 
 
@@ -250,6 +277,14 @@ def periodic_update_hook(accelerator, model, options) -> tuple:
 
 
 def training_function(options) -> dict:
+    """Train, evaluate and publish (`run_training`); the output_dir's lock is released however it ends."""
+    try:
+        return run_training(options)
+    finally:
+        release_run_locks()
+
+
+def run_training(options) -> dict:
     run = prepare_run(options)
     accelerator = run.accelerator
 
@@ -271,7 +306,7 @@ def training_function(options) -> dict:
     results = final_results(run, step_times)
     results["train_flops"] = run.progress.step * run.counts["train_flops_per_step"]
     run.log.log({"event": "final", "train_seconds": sum(step_times),
-                 **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt")}}, run.progress.step)
+                 **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt", "sample_max_new_tokens")}}, run.progress.step)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(run.model)  # every process: gathers a sharded model's full weights
     if accelerator.is_main_process:
@@ -290,12 +325,18 @@ def exit_without_teardown() -> None:
     whose files were all written; pytorch/pytorch#75097), which a run then never finishes."""
     sys.stdout.flush()
     sys.stderr.flush()
+    release_run_locks()
     os._exit(0)
 
 
-def main(argv=None):
-    training_function(parse_args(argv))
+def main(argv=None, options: TrainOptions | None = None):
+    """Train with `options` (default: parsed from `argv`); a run that cannot go on ends with one message."""
+    options = options or parse_args(argv)
+    try:
+        training_function(options)
+    except (NonFiniteError, OutputDirInUse) as error:  # said in full: no traceback
+        raise SystemExit(f"train.py: error: {error}") from None
 
 
 if __name__ == "__main__":
-    training_function(OPTIONS)
+    main(options=OPTIONS)  # parsed above, before the imports

@@ -1,0 +1,438 @@
+"""No lost run, no stale folder, no trap on a new user's path (issue 33): an export never mixes
+two models, a damaged tokenizer file is named, one run per output_dir, a NaN stops the run and
+keeps the last good checkpoint, the final sample fits the context, a vocabulary smaller than the
+tokenizer is refused, a full disk is named and leaves the earlier save loadable, and the
+documented commands and card snippets run as written. Tiny in-process runs (about a second each)."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from accelerate.state import AcceleratorState, GradientState
+
+import subprocess_runs
+from training.options import TrainOptions, check_values, parse_options
+from training.train import training_function
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART_LM = ROOT / "training" / "configs" / "quickstart_lm.yaml"
+TINY = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
+            dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=60, max_eval_samples=10,
+            tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=4,
+            per_device_eval_batch_size=8, learning_rate=1e-3, dropout=0.0, logging_steps=2, report_to="jsonl",
+            max_steps=4, save_steps=2, save_total_limit=1, sample_max_new_tokens=8)
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+       "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run(output_dir, **overrides):
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return training_function(check_values(TrainOptions(**{**TINY, "output_dir": str(output_dir), **overrides})))
+
+
+def quickstart_head_options() -> dict:
+    return yaml.safe_load(QUICKSTART_LM.read_text()).get("head_options_by_head", {})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished tiny run that exports exactly (no output bias): (output_dir, results)."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    results = run(out, head_options={"output_bias": False}, license="apache-2.0")
+    return out, results
+
+
+def export_cli(*argv):
+    from training.export_plain import main
+
+    return main([str(a) for a in argv])
+
+
+# 1. an export into a non-empty folder
+def test_export_into_a_non_empty_folder_is_refused_and_overwrite_replaces_the_whole_folder(trained, tmp_path):
+    out, _ = trained
+    target = tmp_path / "plain"
+    shutil.copytree(out, target, ignore=shutil.ignore_patterns("checkpoints"))  # an export over a run folder
+    before = sorted(p.name for p in target.iterdir())
+    with pytest.raises(SystemExit, match="not empty.*--overwrite"):
+        export_cli(out, target)
+    assert sorted(p.name for p in target.iterdir()) == before  # untouched
+    (target / "model.safetensors.index.json").write_text("{}")  # as a sharded save leaves
+    report = export_cli(out, target, "--overwrite")
+    assert report["exact"] and report["architecture"] == "GPT2LMHeadModel"
+    names = {p.name for p in target.iterdir()}
+    assert "model.safetensors.index.json" not in names and "modeling_outheads.py" not in names
+    assert json.loads((target / "config.json").read_text())["model_type"] == "gpt2"
+    assert not [p for p in tmp_path.iterdir() if p.name != "plain"]  # no staging folder left beside it
+
+
+# 2. a damaged tokenizer file
+def test_a_damaged_tokenizer_file_is_named_by_the_export_and_on_resume(trained, tmp_path):
+    out, _ = trained
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    text = (broken / "tokenizer.json").read_text()
+    (broken / "tokenizer.json").write_text(text[: len(text) // 2])  # truncated
+    with pytest.raises(SystemExit, match=re.escape(str(broken / "tokenizer.json"))):
+        export_cli(broken, tmp_path / "plain")
+    assert not (tmp_path / "plain").exists()
+    (broken / "tokenizer.json").write_bytes(b"")  # empty
+    with pytest.raises(SystemExit, match="tokenizer.json exists but cannot be read"):
+        export_cli(broken, tmp_path / "plain")
+    (broken / "tokenizer.json").write_bytes(b"\xff\xfe\x00garbage")  # not UTF-8
+    with pytest.raises(ValueError, match=re.escape(str(broken / "tokenizer.json"))):
+        run(broken, max_steps=6)  # resumes from checkpoint_4: loads the saved tokenizer
+
+
+def test_a_folder_without_a_tokenizer_is_exported_without_one(trained, tmp_path):
+    out, _ = trained
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy(out / name, bare / name)
+    export_cli(bare, tmp_path / "plain")
+    assert not (tmp_path / "plain" / "tokenizer.json").exists()
+
+
+# 3. two runs on one output_dir
+def test_a_second_run_on_a_locked_output_dir_is_refused_naming_the_first(tmp_path):
+    from training.safeguards import LOCK_FILE, OutputDirInUse, _process_start
+
+    out = tmp_path / "out"
+    out.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import socket
+
+        lock = {"pid": other.pid, "host": socket.gethostname(), "process_start": _process_start(other.pid),
+                "started": "then"}
+        (out / LOCK_FILE).write_text(json.dumps(lock))
+        with pytest.raises(OutputDirInUse, match=f"pid {other.pid}.*another --output_dir"):
+            run(out)
+        assert not (out / "checkpoints").exists() and not (out / "tokenizer.json").exists()  # nothing touched
+    finally:
+        other.kill()
+        other.wait()
+    # the first run has ended (killed): its lock is stale and taken over
+    results = run(out, max_steps=2)
+    assert "eval_perplexity" in results
+
+
+def test_the_command_line_refuses_a_locked_output_dir_and_releases_its_own_lock(tmp_path, capsys):
+    from training.safeguards import LOCK_FILE
+    from training.train import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "some-other-machine", "started": "then"}))
+    argv = [f"--{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in TINY.items()] + [f"--output_dir={out}"]
+    AcceleratorState._reset_state(True)
+    with pytest.raises(SystemExit, match="Another run is writing .*pid 1 on some-other-machine"):
+        main(argv)
+    (out / LOCK_FILE).unlink()
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    main(argv + ["--max_steps=2"])
+    assert not (out / LOCK_FILE).exists() and (out / "model.safetensors").is_file()
+
+
+# 4. a NaN loss
+def test_a_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    from training.safeguards import NonFiniteError
+
+    out = tmp_path / "out"
+    with pytest.raises(NonFiniteError, match=r"optimizer step (\d+): the (training loss|gradient norm) is (nan|inf)") as error:
+        run(out, learning_rate=1e30, warmup_steps=0, max_steps=8, save_steps=1, save_total_limit=None)
+    step = int(re.search(r"optimizer step (\d+)", str(error.value)).group(1))
+    assert 1 < step <= 3  # the first step is finite; the huge update makes the next ones NaN
+    kept = out / "checkpoints" / f"checkpoint_{step - 1}"
+    assert f"The last good checkpoint, {kept}, is kept" in str(error.value)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == kept.name  # nothing saved after it
+    assert not (out / "model.safetensors").exists()
+
+
+# 5. the final sample at a short context
+def test_a_run_whose_context_is_shorter_than_prompt_and_sample_is_saved(tmp_path):
+    out = tmp_path / "out"
+    overrides = {**TINY["model_overrides"], "n_positions": 40}
+    results = run(out, model_overrides=overrides, sample_max_new_tokens=40)
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+    assert 0 < results["sample_max_new_tokens"] < 40
+    assert f"max_new_tokens={results['sample_max_new_tokens']}" in (out / "README.md").read_text()
+
+
+# 6. a vocabulary smaller than the tokenizer
+def test_a_model_vocabulary_smaller_than_the_tokenizer_is_refused_before_training(tmp_path):
+    from training.preflight import check_run
+
+    overrides = {**TINY["model_overrides"], "vocab_size": 100}
+    with pytest.raises(ValueError, match="vocab_size = 100 is smaller than the tokenizer"):
+        check_run(check_values(TrainOptions(**{**TINY, "output_dir": str(tmp_path / "a"), "model_overrides": overrides})))
+    with pytest.raises(ValueError, match="vocab_size = 100 is smaller than the tokenizer's 300 tokens"):
+        run(tmp_path / "b", model_overrides=overrides, tokenizer_vocab_size=300)
+    assert not (tmp_path / "b" / "checkpoints").exists()
+
+
+# 7, 8. a full disk: a real one (a small tmpfs in a private mount namespace) where it can be made
+FULL_DISK = r"""
+import json, os, subprocess, sys, torch
+from pathlib import Path
+from accelerate import Accelerator
+from tiny import tiny_model
+from transformers import AutoModelForCausalLM
+from training import checkpoints
+
+disk, what, report = Path(sys.argv[1]), sys.argv[2], {}
+torch.manual_seed(0)
+model = tiny_model("gpt2", "tied")
+def mount(size):
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
+def size_of(folder):
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+if what == "checkpoint":
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model.zero_grad(); model(torch.tensor([[1, 5, 7]]), labels=torch.tensor([[1, 5, 7]])).loss.backward(); optimizer.step()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    probe = checkpoints.save_checkpoint(accelerator, model, "/tmp/probe-" + str(os.getpid()), {"step": 1}, None)
+    one = size_of(probe)
+    mount(int(one * 1.5) // 4096 * 4096)  # room for one checkpoint, not two
+    first = checkpoints.save_checkpoint(accelerator, model, disk, {"step": 1}, 1)
+    try:
+        checkpoints.save_checkpoint(accelerator, model, disk, {"step": 2}, 1)
+    except OSError as error:
+        report["error"] = f"{type(error).__name__}: {error}"
+    report["left"] = sorted(p.name for p in (disk / "checkpoints").iterdir())
+    report["resume"] = str(checkpoints.checkpoint_to_resume(disk, "auto"))
+else:
+    folder, ids = disk / "model", torch.tensor([[1, 5, 7]])
+    mount(4 * 1024 * 1024)
+    model.to(torch.bfloat16).save_pretrained(folder)  # the earlier save
+    expected = AutoModelForCausalLM.from_pretrained(folder)(ids).logits
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    (disk / "filler").write_bytes(b"0" * (free - 32 * 1024))  # the disk fills up (checkpoints, logs, ...)
+    try:
+        model.to(torch.float32).save_pretrained(folder)  # twice the weights' bytes: no room
+    except Exception as error:
+        report["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+    try:
+        report["same"] = bool(torch.equal(AutoModelForCausalLM.from_pretrained(folder)(ids).logits, expected))
+    except Exception as error:
+        report["same"] = f"does not load: {type(error).__name__}: {str(error)[:200]}"
+    report["files"] = sorted(p.name for p in folder.iterdir() if not p.name.endswith(".py"))
+print("REPORT" + json.dumps(report))
+"""
+
+
+def full_disk(tmp_path, what: str) -> dict:
+    if not shutil.which("unshare") or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("needs root and unshare to mount a small tmpfs in a private mount namespace")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), ENV["PYTHONPATH"]])}  # `tiny`, `training`
+    done = subprocess_runs.run(["unshare", "--mount", "--propagation", "private", sys.executable, str(script), str(disk),
+                                what], env=env, timeout=240)
+    if "mount" in done.stderr and "REPORT" not in done.stdout:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.split("REPORT")[-1])
+
+
+def test_a_full_disk_during_a_checkpoint_is_named_and_keeps_the_last_checkpoint(tmp_path):
+    report = full_disk(tmp_path, "checkpoint")
+    assert report["error"].startswith("OSError: [Errno 28] The disk is full: writing ")
+    assert "tmp-checkpoint_2" in report["error"] and "bytes are free on the filesystem of" in report["error"]
+    assert report["left"] == ["checkpoint_1"]  # the partial save removed, the complete one kept
+    assert report["resume"].endswith("checkpoints/checkpoint_1")
+
+
+def test_a_full_disk_during_save_pretrained_over_an_earlier_save_leaves_the_earlier_one(tmp_path):
+    report = full_disk(tmp_path, "save_pretrained")
+    assert "error" in report and ("No space" in report["error"] or "28" in report["error"]
+                                  or "iostream" in report["error"] or "write" in report["error"].lower())
+    assert report["same"] is True, report["same"]  # the folder still loads, with the earlier save's weights
+    assert [name for name in report["files"] if name.startswith(".saving-")] == []
+
+
+# 9. the built-in corpus without dataset_config
+def test_stdlib_docstrings_without_dataset_config_writes_the_card(tmp_path):
+    out = tmp_path / "out"
+    run(out, dataset_config=None, max_steps=2)
+    card = (out / "README.md").read_text()
+    assert "language modelling on the docstrings of the Python standard library" in card
+    assert "config: text" in card
+
+
+# 10. the quickstart's model exports exactly, as the README's serving command
+def test_the_quickstart_heads_export_exactly_with_the_serving_command(tmp_path):
+    options = parse_options(["--config", str(QUICKSTART_LM)])
+    assert options.given_head_options() == {"output_bias": False}
+    for head in ("tied", "linear", "bilinear", "drill", "joint"):
+        assert parse_options(["--config", str(QUICKSTART_LM), "--head_type", head]).given_head_options()["output_bias"] is False
+    out = tmp_path / "quickstart_lm"  # a tiny run with the quickstart's head options, trained: the bias would move
+    run(out, head_options_by_head=quickstart_head_options())
+    report = export_cli(out, tmp_path / "quickstart_lm_plain")
+    assert report["exact"] and report["mean_kl"] is None
+    readme = (ROOT / "README.md").read_text()
+    assert "python -m training.export_plain outputs/quickstart_lm outputs/quickstart_lm_plain" in readme
+
+
+# 11. push_to_hub offline
+def test_push_to_hub_without_the_hub_fails_before_training(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from training.train import parse_args
+
+    argv = ["--config", str(QUICKSTART_LM), "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true"]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit, match="HF_HUB_OFFLINE is set.*drop --push_to_hub.*hf upload"):
+        parse_args(argv)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(SystemExit, match="needs a Hub token"):
+        parse_args(argv)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_x")
+
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "whoami", unreachable)
+    with pytest.raises(SystemExit, match="cannot be reached with this token .*no network"):
+        parse_args(argv)
+    assert not (tmp_path / "out").exists()
+
+
+# 12. every card's usage snippet runs
+def snippets(card_text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", card_text, flags=re.S)
+
+
+def run_snippet(code: str, cwd) -> str:
+    done = subprocess_runs.run([sys.executable, "-c", code], env=ENV, cwd=cwd, timeout=240)
+    assert done.returncode == 0, f"{code}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_every_cards_usage_snippet_runs(trained, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    import hf_outheads  # noqa: F401
+
+    out, results = trained
+    # the training card: generates the card's sample again
+    [code] = snippets((out / "README.md").read_text())
+    assert run_snippet(code, tmp_path).strip() == results["sample"].strip()
+    # the model's own card (push_to_hub's README)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    [code] = snippets(model.create_model_card(str(out)).content)
+    assert run_snippet(code, tmp_path).strip()
+    # the plain export's card, which keeps the trained model's license
+    export_cli(out, tmp_path / "plain")
+    card = (tmp_path / "plain" / "README.md").read_text()
+    assert "<namespace>" not in card and "license: apache-2.0" in card
+    [code] = snippets(card)
+    assert run_snippet(code, tmp_path).strip()
+
+
+# 13. the task transformers' Trainer card infers
+def test_trainer_infers_the_task_of_both_model_classes(tmp_path):
+    from transformers import Trainer, TrainingArguments
+    from transformers.modelcard import TrainingSummary
+
+    from tiny import tiny_model
+
+    for family, task in (("gpt2", "text-generation"), ("t5", "text2text-generation")):
+        args = TrainingArguments(output_dir=str(tmp_path / family), report_to=[], use_cpu=True, save_strategy="no")
+        summary = TrainingSummary.from_trainer(Trainer(model=tiny_model(family, "tied"), args=args))
+        assert summary.tasks == task
+
+
+# 14. token ids beyond the model's vocabulary
+@pytest.mark.parametrize("family", ["gpt2", "t5"])
+def test_a_token_id_beyond_the_vocabulary_names_the_id_and_the_size(family):
+    from tiny import VOCAB, tiny_model
+
+    model = tiny_model(family, "tied").eval()
+    ids = torch.tensor([[3, 4, VOCAB + 7]])
+    message = f"token id {VOCAB + 7}, outside the model's vocabulary of {VOCAB} ids.*resize_token_embeddings"
+    extra = {"decoder_input_ids": torch.tensor([[0, 3]])} if family == "t5" else {}
+    with pytest.raises(ValueError, match=message):
+        model(input_ids=ids, **extra)
+    with pytest.raises(ValueError, match=message):
+        model.generate(ids, max_new_tokens=2)
+    with pytest.raises(ValueError, match="token id -1"):
+        model(input_ids=torch.tensor([[3, -1]]), **extra)
+    model(input_ids=torch.tensor([[3, VOCAB - 1]]), **extra)  # the last id is fine
+
+
+# 15. the quickstart and the by-hand command are one run
+def test_the_training_readme_gives_the_quickstarts_own_command():
+    from training.quickstart import TASKS, by_hand_command, launch_command
+
+    training_readme = (ROOT / "training" / "README.md").read_text()
+    for task in TASKS:
+        output_dir = Path("outputs") / TASKS[task].stem
+        by_hand = by_hand_command(task, output_dir, [])
+        assert " ".join(by_hand) in training_readme
+        launched = launch_command(task, output_dir, [])
+        # the same arguments: only the interpreter's accelerate, --quiet and absolute paths differ
+        assert [a for a in launched[4:] if a != "--quiet"] == [
+            str(ROOT / a) if a.startswith("training/") else a for a in by_hand[2:]]
+
+
+# 16. the README's smaller gaps
+def unbound_names(code: str) -> set[str]:
+    tree = ast.parse(code)
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return used - bound - set(dir(builtins))
+
+
+def test_the_readme_python_quickstart_imports_every_name_it_uses():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quickstart in Python", 1)[1].split("\n## ", 1)[0]
+    blocks = snippets(section)
+    assert blocks and all(not unbound_names(block) for block in blocks), [unbound_names(b) for b in blocks]
+    assert "OutHeadsConfig" in "".join(blocks) and "LlamaConfig" in "".join(blocks)
+
+
+def test_the_readme_serving_table_lists_every_head_and_installs_each_extra_once():
+    from hf_outheads.head_catalog import HEAD_CLASSES as HEADS
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("### Serving", 1)[1].split("A refusal is", 1)[0]
+    assert all(f"`{head}`" in table for head in HEADS), [h for h in HEADS if f"`{h}`" not in table]
+    install = snippets(readme.split("## Install", 1)[1].split("\n## ", 1)[0].replace("```bash", "```python"))[0]
+    assert '".[dev]"' in install and '".[train]"' not in install  # [dev] contains [train]
+    extras = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any("train" in dep for dep in extras["dev"])
+
+
+def test_the_corpus_does_not_depend_on_where_or_how_python_was_started():
+    """The quickstart's numbers differed between `python -m accelerate.commands.launch` and
+    `accelerate launch` (sys.executable `.../python` or `.../python3`) and between machines: a
+    signature default (`platform.architecture(executable=sys.executable)`) put the interpreter's
+    path into the corpus."""
+    from training.stdlib_corpus import build_records
+
+    texts = [row["text"] for rows in build_records("text").values() for row in rows]
+    assert not [text for text in texts if sys.executable in text]
+    assert any(text.startswith("platform.architecture(executable=sys.executable") for text in texts)

@@ -1,0 +1,134 @@
+"""What keeps a run's work: one run per output_dir (`RunLock`), a stop at the first
+non-finite loss or gradient norm (`check_finite`), and a full disk named as such (`disk_full_error`)."""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import json
+import math
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+LOCK_FILE = ".train.lock"
+
+
+class OutputDirInUse(ValueError):
+    """Another run holds the output_dir's lock."""
+
+
+class NonFiniteError(ValueError):
+    """A loss or gradient norm that is NaN or infinite; `train_loop` adds the step and the last good checkpoint."""
+
+
+def check_finite(what: str, value) -> None:
+    """Raise `NonFiniteError` when `value` (a float or a 0-d tensor) is NaN or infinite (None:
+    not known, e.g. a gradient norm DeepSpeed does not return)."""
+    if value is None:
+        return
+    number = float(value)
+    if not math.isfinite(number):
+        raise NonFiniteError(f"the {what} is {number}")
+
+
+def _process_start(pid: int) -> float | None:
+    """The start time of process `pid` (None when there is no such process)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+class RunLock:
+    """`output_dir/.train.lock`: the pid, host and start time of the run writing the folder.
+    A second run on the folder is refused, naming the first; a lock whose process has ended
+    (killed run) is stale and taken over."""
+
+    def __init__(self, output_dir):
+        self.path = Path(output_dir) / LOCK_FILE
+        self.held = False
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):  # gone, or left empty by a run killed while writing it
+            return None
+
+    def _is_stale(self, owner: dict | None) -> bool:
+        if not owner or (owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname()):
+            return True  # none, or an earlier run in this same process (ended by an error)
+        if owner.get("host") != socket.gethostname():
+            return False  # cannot tell: another machine's run
+        started = _process_start(int(owner.get("pid", -1)))
+        return started is None or abs(started - owner.get("process_start", started)) > 1.0  # pid reused
+
+    def acquire(self) -> str | None:
+        """Take the lock; returns a note when a stale lock was taken over, raises ValueError
+        when another run holds it."""
+        note = None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = self._read()
+                if not self._is_stale(owner):
+                    raise OutputDirInUse(
+                        f"Another run is writing {self.path.parent}: pid {owner.get('pid')} on {owner.get('host')}, "
+                        f"started {owner.get('started')} (lock file {self.path}). Two runs on one output_dir would mix "
+                        "their checkpoints and weights: wait for it to finish, stop it, or use another --output_dir. "
+                        f"If that run is gone, delete {self.path}.") from None
+                if owner and owner.get("pid") != os.getpid():
+                    note = f"Took over the stale lock {self.path} of an ended run (pid {owner.get('pid')})."
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as file:
+                json.dump(me, file)
+            self.held = True
+            _HELD.append(self)
+            atexit.register(self.release)
+            return note
+        raise ValueError(f"Could not take the lock {self.path}: other runs keep taking it; use another --output_dir.")
+
+    def release(self) -> None:
+        """Remove the lock file if this process holds it (also run at exit)."""
+        if self.held:
+            self.held = False
+            owner = self._read()
+            if owner and owner.get("pid") == os.getpid():
+                self.path.unlink(missing_ok=True)
+
+
+_HELD: list[RunLock] = []
+
+
+def release_run_locks() -> None:
+    """Release every lock this process holds (before `os._exit`, which runs no exit handlers)."""
+    while _HELD:
+        _HELD.pop().release()
+
+
+def disk_full_error(path, error: BaseException) -> BaseException | None:
+    """An OSError saying that the disk holding `path` is full, for an `error` raised while
+    writing there when the disk is full (ENOSPC, or torch's `unexpected pos ... iostream error`,
+    which names no cause, with under 1 MiB left); None for any other error."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    no_space = getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 2**20)
+    if not no_space:
+        return None
+    return OSError(errno.ENOSPC, f"The disk is full: writing {path} failed ({str(error).splitlines()[0][:200]}); "
+                                 f"{free if free is not None else '?'} bytes are free on the filesystem of {folder}. "
+                                 "Free space there (or point --output_dir at a larger disk) and run the same command "
+                                 "again: it resumes from the last complete checkpoint.")
