@@ -26,7 +26,6 @@ trains on the same tokens).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import shlex
@@ -38,18 +37,11 @@ import numpy as np
 import torch
 import yaml
 
+from training.options import head_spec
+
 RUNS_FILE = "scale_runs.jsonl"
 CHECK_STEP = 10  # the step after which a head's end is predicted (--budget_s)
 H200_BF16_FLOPS = 790e12  # bf16 matrix-product rate measured on this workplace's H200 (the MFU's base)
-
-
-def head_spec(name: str, by_head: dict) -> tuple[str, dict, dict]:
-    """(head type, the given options, every option spelt out) of a run name."""
-    from hf_outheads import get_head_class
-
-    given = dict(by_head.get(name, {}))
-    head = given.pop("head_type", name)
-    return head, given, dataclasses.asdict(get_head_class(head).Options.from_dict(given))
 
 
 def build_model(cfg: dict, head: str, given: dict, tokenizer, block_size: int):
@@ -105,7 +97,8 @@ def train_head(name: str, cfg: dict, data: dict, device, deadline: float | None 
 
     from hf_outheads.flops import training_flops_per_step
 
-    head, given, options = head_spec(name, cfg.get("head_options_by_head", {}))
+    spec = head_spec(name, cfg.get("head_options_by_head", {}))
+    head, given, options = spec.head_type, spec.options, spec.spelt_out()
     block, batch = data["train"].shape[1], cfg["batch_size"]
     steps = max(1, cfg["train_tokens"] // (batch * block))
     torch.manual_seed(cfg["seed"])
@@ -246,7 +239,7 @@ def main(argv=None):
         cfg[key] = yaml.safe_load(value)
     names = [n.strip() for n in args.heads.split(",") if n.strip()]
     for name in names:
-        head_spec(name, cfg.get("head_options_by_head", {}))  # an unknown head or option fails before training
+        head_spec(name, cfg.get("head_options_by_head", {}))  # an unknown head or a wrong option fails before training
     started, device = time.perf_counter(), torch.device(args.device)
     data = load_data(args.data, device)
     args.out.mkdir(parents=True, exist_ok=True)

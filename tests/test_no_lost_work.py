@@ -280,9 +280,9 @@ def test_stdlib_docstrings_without_dataset_config_writes_the_card(tmp_path):
 # 10. the quickstart's model exports exactly, as the README's serving command
 def test_the_quickstart_heads_export_exactly_with_the_serving_command(tmp_path):
     options = parse_options(["--config", str(QUICKSTART_LM)])
-    assert options.given_head_options() == {"output_bias": False}
+    assert options.head_spec().options == {"output_bias": False}
     for head in ("tied", "linear", "bilinear", "drill", "joint"):
-        assert parse_options(["--config", str(QUICKSTART_LM), "--head_type", head]).given_head_options()["output_bias"] is False
+        assert parse_options(["--config", str(QUICKSTART_LM), "--head_type", head]).head_spec().options["output_bias"] is False
     out = tmp_path / "quickstart_lm"  # a tiny run with the quickstart's head options, trained: the bias would move
     run(out, head_options_by_head=quickstart_head_options())
     report = export_cli(out, tmp_path / "quickstart_lm_plain")
@@ -418,7 +418,7 @@ def test_the_readme_serving_table_lists_every_head_and_installs_each_extra_once(
     from hf_outheads.head_catalog import HEAD_CLASSES as HEADS
 
     readme = (ROOT / "README.md").read_text()
-    table = readme.split("### Serving", 1)[1].split("A refusal is", 1)[0]
+    table = readme.split("## Serving", 1)[1].split("A refusal is", 1)[0]
     assert all(f"`{head}`" in table for head in HEADS), [h for h in HEADS if f"`{h}`" not in table]
     install = snippets(readme.split("## Install", 1)[1].split("\n## ", 1)[0].replace("```bash", "```python"))[0]
     assert '".[dev]"' in install and '".[train]"' not in install  # [dev] contains [train]

@@ -67,7 +67,7 @@ def check_sharding(accelerator) -> None:
         f"The accelerate config asks for {requested} sharding, but {why}. Nothing was trained. Run the launch on a "
         "machine with GPUs; on a CPU-only machine use DeepSpeed (training/accelerate_zero3.yaml, `pip install "
         "'hf_outheads[deepspeed]'`, DS_ACCELERATOR=cpu) or unsharded data parallelism (`accelerate launch --multi_gpu "
-        "--num_processes N training/train.py ...`). See training/README.md, \"Sharded training\".")
+        "--num_processes N -m training.train ...`). See training/README.md, \"Sharded training\".")
 
 
 def launcher_command_line() -> list[str]:

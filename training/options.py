@@ -106,35 +106,17 @@ class TrainOptions:
     license: str = opt("apache-2.0", "License written in the model card.")
 
     def head_spec(self, name: str | None = None) -> HeadSpec:
-        """The head of the run called `name` (default: `head_type`), the one rule from a run name
-        to a head: `name` is a head type, or a key of `head_options_by_head` whose entry names its
-        head with `head_type` (a variant, e.g. `mos-paper: {head_type: mos, latent_init: uniform}`,
-        which `compare_heads.py` runs); its options are that entry's under `head_options`. Each
-        option is checked against the head's declarations now (`HeadOptions.checked`); what
-        depends on the backbone's sizes is checked when the model is built. A ValueError names
-        the problem. `head_type: null` (a pretrained model keeps its head form): nothing to check."""
-        name = self.head_type if name is None else name
-        entry = self.head_options_by_head.get(name, {})
-        if not isinstance(entry, dict):
-            raise ValueError(f"Option head_options_by_head[{name!r}] must be a mapping of option: value, got {entry!r}.")
-        entry = dict(entry)
-        head_type = entry.pop("head_type", name)
-        spec = HeadSpec(head_type, {**entry, **self.head_options})
-        if head_type is None:
+        """The head of the run called `name` (default: `head_type`) under these options
+        (`head_spec`). `head_type: null` (a pretrained model keeps its head form) needs
+        `pretrained` and has nothing to check."""
+        if name is None and self.head_type is None:
             if not self.pretrained:
                 from hf_outheads import HEAD_CLASSES
 
                 raise ValueError("Option head_type: null (keep the pretrained head) needs pretrained; "
                                  f"choose one of {sorted(HEAD_CLASSES)}.")
-            return spec
-        try:
-            options_class = spec.options_class()
-        except ValueError as error:
-            hint = " A variant (a key of head_options_by_head) names its head with `head_type`." if name == head_type \
-                and name in self.head_options_by_head else ""
-            raise ValueError(f"{error}{hint}") from None
-        options_class.from_dict(spec.options).checked()
-        return spec
+            return HeadSpec(None, dict(self.head_options))
+        return head_spec(self.head_type if name is None else name, self.head_options_by_head, self.head_options)
 
 
 @dataclass(frozen=True)
@@ -155,6 +137,28 @@ class HeadSpec:
     def spelt_out(self) -> dict:
         """Every option: the head's current defaults under the given ones."""
         return dataclasses.asdict(self.options_class().from_dict(self.options))
+
+
+def head_spec(name: str, head_options_by_head: dict, head_options: dict | None = None) -> HeadSpec:
+    """The one rule from a run name to its head (train.py, compare_heads.py, scale_heads.py and
+    the tests use it): `name` is a head type, or a key of `head_options_by_head` whose entry
+    names its head with `head_type` (a variant, e.g. `mos-paper: {head_type: mos, latent_init:
+    uniform}`); its options are that entry's under `head_options`. Each option is checked against
+    the head's declarations now (`HeadOptions.checked`); what depends on the backbone's sizes is
+    checked when the model is built. A ValueError names the problem."""
+    entry = head_options_by_head.get(name, {})
+    if not isinstance(entry, dict):
+        raise ValueError(f"Option head_options_by_head[{name!r}] must be a mapping of option: value, got {entry!r}.")
+    entry = dict(entry)
+    spec = HeadSpec(entry.pop("head_type", name), {**entry, **(head_options or {})})
+    try:
+        options_class = spec.options_class()
+    except ValueError as error:
+        hint = " A variant (a key of head_options_by_head) names its head with `head_type`." \
+            if name == spec.head_type and name in head_options_by_head else ""
+        raise ValueError(f"{error}{hint}") from None
+    options_class.from_dict(spec.options).checked()
+    return spec
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainOptions)}
