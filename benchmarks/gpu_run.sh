@@ -24,8 +24,8 @@
 # --tiny: every part end to end on a CPU in minutes (tests/test_gpu_run.py runs it in CI). It
 # proves the wiring, not the GPU: the CUDA tests are collected and skipped, the benchmark and
 # the loss comparison run in fp32 on tiny sizes (liger and cut-cross-entropy are listed as not
-# installed), the FSDP2 launch runs on one CPU process (accelerate does not shard there: the
-# sharding itself is tests/test_fsdp.py's), and the scale comparison trains a 1-layer model on
+# installed), the FSDP2 launch must stop with train.py's message (accelerate runs FSDP on
+# accelerators only; the sharding itself is tests/test_fsdp.py's), and the scale comparison trains a 1-layer model on
 # a corpus packed from the Python standard library's docstrings.
 set -uo pipefail
 usage="usage: benchmarks/gpu_run.sh OUTDIR [--part 1|2|3|all] [--tiny]"
@@ -99,7 +99,6 @@ if [ $TINY -eq 1 ]; then
     LOSS=(--device cpu --vocab 512 --positions 256 --dim 32 --reps 1)
     FSDP_ARGS=(--max_steps 2 --eval_steps 2 --logging_steps 1 --block_size 32 --tokenizer_vocab_size 300
                --per_device_train_batch_size 4 --mixed_precision no --max_eval_samples 64 --sample_max_new_tokens 4)
-    FSDP_TYPE=NO  # one CPU process: accelerate does not shard
     CORPUS=$OUT/tiny_corpus
     SCALE=(--override n_layer=1 --override n_embd=32 --override n_head=2 --override train_tokens=1024
            --override batch_size=4 --override evaluations=1 --override eval_batch_size=16
@@ -113,7 +112,6 @@ else
     LOSS=(--device cuda --vocab 32000,128000 --positions 8192,16384 --dim 2048 --reps 5)
     FSDP_ARGS=(--model_preset gpt2-small --block_size 1024 --per_device_train_batch_size 8 --max_steps 20
                --eval_steps 20 --logging_steps 5 --mixed_precision bf16)
-    FSDP_TYPE=FSDP
     CORPUS=$ROOT/data/scale_corpus
     SCALE=()
     PART_S=530  # a part's seconds from its start to the scale comparison's end (the call's limit is 600)
@@ -133,12 +131,20 @@ part2() {  # the fused-loss peers; a one-process FSDP2 launch through accelerate
            # sharding group; tests/test_fsdp.py covers every head on two CPU processes); the scale comparison's first heads
     step "fused loss against its peers" 110 $PY -m benchmarks.bench_gpu "${LOSS[@]}" --out "$OUT/loss.md"
     for head in tied; do
-        step "FSDP2 launch, $head" 150 $PY -m accelerate.commands.launch --config_file training/accelerate_fsdp2.yaml \
-            --num_processes 1 -m training.train --config training/configs/quickstart_lm.yaml --head_type "$head" \
-            --save_steps 100000 --resume never --output_dir "$SCRATCH/fsdp_$head" "${FSDP_ARGS[@]}"
-        grep -h '"event": "start"\|"event": "final"' "$SCRATCH/fsdp_$head/metrics.jsonl"
-        step "FSDP2 launch, $head: accelerate's distributed type is $FSDP_TYPE" 10 \
-            grep -q "\"distributed_type\": \"$FSDP_TYPE\"" "$SCRATCH/fsdp_$head/metrics.jsonl"
+        local launch=($PY -m accelerate.commands.launch --config_file training/accelerate_fsdp2.yaml
+            --num_processes 1 -m training.train --config training/configs/quickstart_lm.yaml --head_type "$head"
+            --save_steps 100000 --resume never --output_dir "$SCRATCH/fsdp_$head" "${FSDP_ARGS[@]}")
+        if [ "$DEVICE" = cpu ]; then  # accelerate runs FSDP on accelerators only: train.py must stop, not train unsharded
+            step "FSDP2 launch, $head: refused on a CPU" 150 bash -c \
+                '! "${@:2}" >"$1" 2>&1 && grep -q "asks for FSDP sharding" "$1" && [ ! -e "${1%.log}/model.safetensors" ]' \
+                _ "$SCRATCH/fsdp_$head.log" "${launch[@]}"
+            grep -h "asks for FSDP sharding" "$SCRATCH/fsdp_$head.log" | tail -n 1
+        else
+            step "FSDP2 launch, $head" 150 "${launch[@]}"
+            grep -h '"event": "start"\|"event": "final"' "$SCRATCH/fsdp_$head/metrics.jsonl"
+            step "FSDP2 launch, $head: accelerate's distributed type is FSDP" 10 \
+                grep -q '"distributed_type": "FSDP"' "$SCRATCH/fsdp_$head/metrics.jsonl"
+        fi
     done 2>&1 | tee "$OUT/fsdp.log"
     scale 2 "tied,sigsoftmax,linear"
 }
