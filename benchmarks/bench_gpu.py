@@ -1,5 +1,6 @@
-"""The CUDA side of `bench_heads.py --device cuda`: event timing, allocator peak memory, and the
-plain head's fused loss against its peers.
+"""The clocks of the benchmarks (`cpu_clock`; `cuda_clock`, event timing) and the CUDA side of
+`bench_heads.py --device cuda`: allocator peak memory, and the plain head's fused loss against its
+peers.
 
 The peers of `hf_outheads.losses.linear_cross_entropy(impl="chunked", reduction="sum")` (the
 package's fused loss of one softmax, gradient computed in forward, bf16 products on bf16
@@ -17,6 +18,7 @@ A peer whose package is not installed is listed with a note instead of figures.
 from __future__ import annotations
 
 import statistics
+import time
 import sys
 
 
@@ -26,6 +28,13 @@ def cuda_device_name() -> str:
     if not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device here.")
     return torch.cuda.get_device_name()
+
+
+def cpu_clock(call) -> float:
+    """Seconds of `call()` by the wall clock."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 def cuda_clock(call) -> float:
@@ -106,8 +115,7 @@ def measure_loss(loss, vocab: int, positions: int, dim: int, reps: int, device: 
     if device == "cuda":
         step_mb, clock = peak_mb(step)[0], cuda_clock
     else:
-        from benchmarks.bench_heads import cpu_clock as clock
-
+        clock = cpu_clock
         step_mb = float("nan")
     times = [clock(step) for _ in range(reps)]
     return {"time_s": statistics.median(times), "mem_mb": step_mb, "loss": float(value.detach())}

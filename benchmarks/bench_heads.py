@@ -38,7 +38,8 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+from benchmarks.bench_gpu import cpu_clock
 
 
 def head_options() -> dict[str, dict]:
@@ -167,12 +168,6 @@ def run_case(case: dict) -> dict:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             result.update(generation_rates(model, tied, ids[:1, :16], case, clock))
     return result
-
-
-def cpu_clock(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def paired_medians(calls: dict, reps: int, clock=cpu_clock) -> tuple[float, float]:
