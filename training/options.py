@@ -123,7 +123,7 @@ class TrainOptions:
 class HeadSpec:
     """A run's head: its type and the options given for it (a partial dict: the head's defaults
     fill in the rest when the model is built, those for a conversion when it converts a
-    pretrained model). Built and checked by `TrainOptions.head_spec`."""
+    pretrained model). Built and checked by `head_spec`."""
 
     head_type: str | None
     options: dict
