@@ -31,12 +31,11 @@ import html.parser
 import json
 import lzma
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 
-from training.manpages_corpus import CACHE as MANPAGES_CACHE, _deb_members, roff_to_text
+from training.manpages_corpus import CACHE as MANPAGES_CACHE, _deb_members, fetch_packages, roff_to_text
 
 CACHE = MANPAGES_CACHE.parent / "debian_docs"
 # package -> (regex a member path must match, format)
@@ -162,25 +161,9 @@ def member_text(data: bytes, path: str, kind: str) -> str:
     return source.strip()
 
 
-def fetch(packages, cache: Path = CACHE) -> list[Path]:
-    """The `.deb` of each package, downloaded once with `apt-get download` into `cache`."""
-    cache.mkdir(parents=True, exist_ok=True)
-    have = {p.name.split("_")[0]: p for p in cache.glob("*.deb")}
-    missing = [name for name in packages if name not in have]
-    if missing:
-        try:
-            subprocess.run(["apt-get", "download", *missing], cwd=cache, check=True, capture_output=True, text=True)
-        except (OSError, subprocess.CalledProcessError) as error:
-            detail = getattr(error, "stderr", "") or error
-            raise RuntimeError(f"Could not download {missing} with apt-get ({str(detail).strip()[-300:]}). On "
-                               f"Debian/Ubuntu run `apt-get update`, or put the .deb files in {cache}.") from None
-        have = {p.name.split("_")[0]: p for p in cache.glob("*.deb")}
-    return [have[name] for name in packages]
-
-
 def package_documents(packages=tuple(PACKAGES), cache: Path = CACHE):
     """Yield (name, text) of every document of `packages` (keys of PACKAGES), at least 200 characters."""
-    for name, deb in zip(packages, fetch(packages, cache)):
+    for name, deb in fetch_packages(cache, tuple(packages)).items():
         pattern, kind = PACKAGES[name]
         for path, data in sorted(_deb_members(deb.read_bytes())):
             if re.search(pattern, path):

@@ -115,7 +115,7 @@ def test_the_real_italian_pages_align_with_the_english_ones():
     """The smallest language of the corpus, from Debian's archive with `apt-get download`
     (about 4 MB, cached in ~/.cache/hf_outheads)."""
     try:
-        debs = l10n.fetch_packages(l10n.CACHE, l10n.packages(("it",)))
+        debs = sorted(l10n.fetch_packages(l10n.CACHE, l10n.packages(("it",))).values())
     except RuntimeError as error:
         pytest.skip(f"the manpages packages cannot be downloaded here: {error}")
     records, stats = l10n.parallel_records(debs, ("it",))

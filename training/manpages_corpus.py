@@ -96,19 +96,20 @@ def _deb_members(deb: bytes):
                 yield member.name, archive.extractfile(member).read()
 
 
-def fetch_packages(cache: Path = CACHE, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
-    """The `.deb` files of `packages`, downloaded once with `apt-get download` into `cache`."""
+def fetch_packages(cache: Path = CACHE, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """{package: its `.deb`} for `packages`, each downloaded once with `apt-get download` into `cache`."""
     cache.mkdir(parents=True, exist_ok=True)
-    debs = sorted(cache.glob("*.deb"))
-    if {p.name.split("_")[0] for p in debs} >= set(packages):
-        return debs
-    try:
-        subprocess.run(["apt-get", "download", *packages], cwd=cache, check=True, capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", "") or error
-        raise RuntimeError(f"Could not download {packages} with apt-get ({detail}). On Debian/Ubuntu run "
-                           f"`apt-get update`, or put the .deb files in {cache}.") from None
-    return sorted(cache.glob("*.deb"))
+    have = {p.name.split("_")[0]: p for p in cache.glob("*.deb")}
+    missing = [name for name in packages if name not in have]
+    if missing:
+        try:
+            subprocess.run(["apt-get", "download", *missing], cwd=cache, check=True, capture_output=True, text=True)
+        except (OSError, subprocess.CalledProcessError) as error:
+            detail = getattr(error, "stderr", "") or error
+            raise RuntimeError(f"Could not download {missing} with apt-get ({str(detail).strip()[-300:]}). On "
+                               f"Debian/Ubuntu run `apt-get update`, or put the .deb files in {cache}.") from None
+        have = {p.name.split("_")[0]: p for p in cache.glob("*.deb")}
+    return {name: have[name] for name in packages}
 
 
 def manpage_records(debs: list[Path]) -> list[dict]:
@@ -151,7 +152,7 @@ def load_manpages_dataset(config: str = "text", validation_percent: int = 5, cac
 
     if config not in ("text", "restore"):
         raise ValueError(f"dataset_config {config!r} of debian_manpages is not one of ['text', 'restore'].")
-    records = manpage_records(fetch_packages(cache))
+    records = manpage_records(sorted(fetch_packages(cache).values()))
     held = [int(hashlib.sha1(r["name"].encode()).hexdigest(), 16) % 100 < validation_percent for r in records]
     rows = {"train": [], "validation": []}
     for record, is_held in zip(records, held):

@@ -160,6 +160,6 @@ def load_manpages_l10n_dataset(config: str = "de-en", validation_percent: int = 
     if config not in configs:
         raise ValueError(f"dataset_config {config!r} of debian_manpages_l10n is not one of {configs}.")
     languages = LANGUAGES if config == "x-en" else (config.split("-")[0],)
-    records, _ = parallel_records(fetch_packages(cache, packages(languages)), languages)
+    records, _ = parallel_records(sorted(fetch_packages(cache, packages(languages)).values()), languages)
     rows = _split_records(records, validation_percent)
     return DatasetDict({name: Dataset.from_list(split) for name, split in rows.items()})
