@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput, logging
 
-logger = logging.get_logger(__name__)
-
 from .head_interface import IGNORE_INDEX, OutputHead
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass

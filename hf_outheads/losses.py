@@ -214,7 +214,7 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
         log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]
     rows = chunk_rows or fused_chunk_rows(weight.shape[0], K, weight.device)
     tensors, dtype = (log_prior, latents, weight, bias), matmul_dtype(weight)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+    if grad_needed(*tensors):
         return FusedMixtureNLL.apply(*tensors, labels, ignore_index, rows, dtype, sigsoftmax)
     return fused_mixture_nll(*tensors, labels, ignore_index, rows, dtype=dtype, sigsoftmax=sigsoftmax)[0]
 
