@@ -375,6 +375,10 @@ def test_card_prose_of_every_built_in_task_reads():
     for config, task in (("text", "causal_lm"), ("summary", "seq2seq"), ("restore", "seq2seq"), ("restore_short", "seq2seq")):
         prose = dataset_description(options(dataset_name="stdlib_docstrings", dataset_config=config, task=task))[1]
         assert "Python standard library" in prose and " for of " not in prose and prose.endswith(".")
+    for name, config, module in (("debian_manpages", "restore", "training.manpages_corpus"),
+                                 ("debian_manpages_l10n", "fr-en", "training.manpages_l10n_corpus")):
+        prose = dataset_description(options(dataset_name=name, dataset_config=config, task="seq2seq"))[1]
+        assert f"`{module}`, config `{config}`" in prose and "Debian" in prose and "Hub" not in prose, prose
 
 
 def test_option_table_and_help_are_current():

@@ -5,13 +5,14 @@ procedure, results, plot, sample and citations as sections), and optionally push
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from huggingface_hub import EvalResult, HfApi, ModelCard
 
 from hf_outheads.model_card import build_model_card, citation_section, pipeline_tag
 
-from .data import corpus_config
+from .data import BUILT_CORPORA, corpus_config
 from .evaluation import SAMPLING
 from .tracking import RESULTS_FILE, read_metrics
 
@@ -84,6 +85,11 @@ def dataset_description(options) -> tuple[str, str]:
     """(model-index dataset type, prose)."""
     if options.dataset_name == "stdlib_docstrings":
         return "stdlib_docstrings", f"Built in: {STDLIB_TASKS[corpus_config(options)]} (`training/stdlib_corpus.py`)."
+    if options.dataset_name in BUILT_CORPORA:  # built on the machine from Debian packages: its module says what it is
+        module = sys.modules[BUILT_CORPORA[options.dataset_name][0].__module__]
+        summary = " ".join(module.__doc__.split("\n\n")[0].split())
+        return options.dataset_name, (f"Built on the machine by `{module.__name__}`, config `{corpus_config(options)}`: "
+                                      f"{summary}")
     if options.dataset_name:
         config = f" (`{options.dataset_config}`)" if options.dataset_config else ""
         return options.dataset_name, f"The Hub dataset `{options.dataset_name}`{config}, split `{options.train_split}`."
