@@ -60,11 +60,12 @@ def embedding_rows(embedding) -> int:
 def check_token_ids(ids: torch.Tensor | None, vocab_size: int, name: str = "input_ids") -> None:
     """Every input id is in [0, vocab_size): an id the embedding lacks (a tokenizer larger than
     the model) is a ValueError naming it, not the embedding's bare IndexError. One min/max
-    reduction per call, no Python loop over tokens; skipped while torch.compile traces."""
+    reduction and one device-to-host copy per call, no Python loop over tokens; skipped while
+    torch.compile traces."""
     if ids is None or ids.numel() == 0 or torch.compiler.is_compiling():
         return
-    low, high = torch.aminmax(ids)
-    bad = int(high) if int(high) >= vocab_size else (int(low) if int(low) < 0 else None)
+    low, high = torch.stack(torch.aminmax(ids)).tolist()
+    bad = high if high >= vocab_size else (low if low < 0 else None)
     if bad is not None:
         raise ValueError(
             f"{name} holds the token id {bad}, outside the model's vocabulary of {vocab_size} ids (0 to {vocab_size - 1}): "
