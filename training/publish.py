@@ -128,7 +128,7 @@ def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCa
     task_type = pipeline_tag(auto_class)
     evals = [
         EvalResult(task_type=task_type, dataset_type=dataset_type, dataset_name=dataset_type,
-                   dataset_config=corpus_config(options) if dataset_type == "stdlib_docstrings" else options.dataset_config,
+                   dataset_config=corpus_config(options) if options.dataset_name in BUILT_CORPORA else options.dataset_config,
                    dataset_split=options.validation_split,
                    metric_type=metric_type, metric_name=name, metric_value=round(float(results[key]), 4))
         for key, (metric_type, name) in CARD_METRICS.items() if key in results
