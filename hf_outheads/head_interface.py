@@ -38,6 +38,8 @@ class HeadInputs:
     hidden: torch.Tensor  # (..., d_h) final hidden states
     embeddings: torch.Tensor  # (|V|, d) the backbone's (decoder) input embedding matrix
     layers: dict[int, torch.Tensor] = field(default_factory=dict)  # hidden_states[i], i in head.layer_indices
+    # the (decoder) input token ids at the kept positions; None when the model got embeddings instead
+    token_ids: torch.Tensor | None = None
     # None: the head decides (mixtures skip `logits` when training with labels); True: always
     # compute them; False: loss only when labels are given (model forward `return_logits`)
     return_logits: bool | None = None
@@ -48,7 +50,9 @@ class HeadOutput(ModelOutput):
     """`logits` are scores, or normalised log-probabilities when `head.returns_log_probs`.
 
     `nll_sum` is the summed negative log-likelihood of the non-ignored labels (the model
-    divides by the token count); `aux_loss` is an extra training term (DOC's regulariser).
+    divides by the token count); `aux_loss` is an extra training term (DOC's regulariser, the
+    `mtp` head's weighted future-token losses); `aux_terms` names its parts, detached, for
+    logging (`{"mtp_nll_1": ..., ...}`; None: nothing to log apart).
     A `ModelOutput` (a dict), so that libraries that hook module outputs find its tensors:
     DeepSpeed ZeRO-3 gathers the head's parameters again before the head's backward by a hook
     on them (on a plain dataclass it finds none, and the backward meets partitioned, empty
@@ -60,6 +64,7 @@ class HeadOutput(ModelOutput):
     logits: torch.Tensor | None = None
     nll_sum: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
+    aux_terms: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,9 @@ class OutputHead(nn.Module):
         whose logits are the head's (a single softmax of an affine map of `h`);
       - `exact_conversion`: with its default options, converted (`from_backbone`) from a tied LM
         head (GPT-2's), it reproduces the original's logits;
+      - `single_softmax`: its next-token distribution is one softmax of scores of the final hidden
+        state alone (no middle layers, no mixture), at one softmax's cost: a head that the `mtp`
+        head's future-token predictors can share;
       - `training_losses()`: the training losses it offers (its options' `training_loss` choices;
         `("exact",)` for heads whose training loss is always the exact fused one);
       - `benchmark_options`: `{variant: options}` the benchmark runs it with ("" the plain one;
@@ -113,6 +121,7 @@ class OutputHead(nn.Module):
     papers: ClassVar[tuple[Paper, ...]] = ()
     exact_plain_export: ClassVar[bool] = False
     exact_conversion: ClassVar[bool] = False
+    single_softmax: ClassVar[bool] = False
     benchmark_options: ClassVar[dict[str, dict]] = {"": {}}
     contract_options: ClassVar[dict] = {}
 
@@ -175,6 +184,13 @@ class OutputHead(nn.Module):
         """Context manager the model enters around each `generate` call, in which nothing the
         head reads changes (single-softmax heads reuse their label matrix). Default: nothing."""
         return contextlib.nullcontext()
+
+    def candidate_generator(self, model, generation_config, logits_processor):
+        """The `transformers` `CandidateGenerator` that drafts tokens for `generate(..., use_mtp=True)`
+        (assisted decoding, `model._get_candidate_generator`). Default: a ValueError, for heads that
+        predict no future tokens."""
+        raise ValueError(f"Head '{self.head_type}' predicts only the next token, so it has nothing to draft with: "
+                         "use_mtp=True needs a model with future-token predictors (head_type='mtp').")
 
     def check_state(self) -> None:
         """Raise a ValueError if loaded values break the head's invariants; called after

@@ -78,6 +78,7 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
   year = {2018}
 }""", arxiv="1805.10829"),)
     benchmark_options = {"": {}, "chunked": {"training_loss": "chunked"}}
+    single_softmax = True
 
     def __init__(self, options: SigSoftmaxOptions, dims: HeadDims):
         super().__init__(options, dims)

@@ -19,18 +19,21 @@ from .head_interface import IGNORE_INDEX
 @dataclass
 class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
     """`CausalLMOutputWithPast` plus the two terms of `loss` = `nll_loss + aux_loss`: the token-mean
-    next-token NLL and a head's extra training term (DOC's regulariser; None for most heads)."""
+    next-token NLL and a head's extra training term (DOC's regulariser, `mtp`'s future-token losses; None for most
+    heads), and `aux_terms`, the named parts of `aux_loss` for logging (`{"mtp_nll_1": ...}`; None for most heads)."""
 
     nll_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
+    aux_terms: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
 class OutHeadsSeq2SeqLMOutput(Seq2SeqLMOutput):
-    """`Seq2SeqLMOutput` plus the two terms of `loss` = `nll_loss + aux_loss` (as `OutHeadsCausalLMOutput`)."""
+    """`Seq2SeqLMOutput` plus the two terms of `loss` = `nll_loss + aux_loss` and `aux_terms` (as `OutHeadsCausalLMOutput`)."""
 
     nll_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
+    aux_terms: dict[str, torch.Tensor] | None = None
 
 
 def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id: int) -> torch.Tensor:

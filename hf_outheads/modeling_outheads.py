@@ -112,19 +112,34 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         with self.head.generation_scope():
             return super().generate(*args, **kwargs)
 
+    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                 *args, **kwargs):
+        """`generate(..., use_mtp=True)`: transformers' assisted decoding with the candidate generator
+        of the head (`head.candidate_generator`: drafts from the head's future-token predictors, verified
+        by the next-token head in one forward with the KV cache); otherwise transformers' own choice."""
+        if generation_config.use_mtp:
+            return self.head.candidate_generator(self, generation_config, logits_processor)
+        return super()._get_candidate_generator(generation_config, input_ids, inputs_tensor, logits_processor,
+                                                model_kwargs, *args, **kwargs)
+
     def _head_outputs(
-        self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None, return_logits=None
+        self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None, return_logits=None,
+        token_ids=None,
     ):
-        """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss), `loss` =
-        `nll_loss + aux_loss` (the token-mean NLL and the head's training term). `return_logits`
-        (forward argument): None lets the head decide (mixture heads return `logits=None` when
-        training with labels), True always computes logits, False skips them when labels are given."""
+        """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss, aux_terms),
+        `loss` = `nll_loss + aux_loss` (the token-mean NLL and the head's training term; `aux_terms`
+        its named parts, for logging). `return_logits` (forward argument): None lets the head decide
+        (mixture heads return `logits=None` when training with labels), True always computes logits,
+        False skips them when labels are given. `token_ids`: the (decoder) input ids, or None."""
         hidden = slice_logits_to_keep(last_hidden, logits_to_keep) * self.config.hidden_scale
         layers = {i: slice_logits_to_keep(hidden_states[i], logits_to_keep) for i in self.head.layer_indices}
         if labels is not None:
             labels = slice_logits_to_keep(labels.unsqueeze(-1), logits_to_keep).squeeze(-1).to(hidden.device)
             check_labels(labels, self.head.dims.vocab_size)
-        inputs = HeadInputs(hidden, self.output_embedding_matrix(), layers, return_logits=return_logits)
+        if token_ids is not None:
+            token_ids = slice_logits_to_keep(token_ids.unsqueeze(-1), logits_to_keep).squeeze(-1).to(hidden.device)
+        inputs = HeadInputs(hidden, self.output_embedding_matrix(), layers, return_logits=return_logits,
+                            token_ids=token_ids)
         out = self.head(inputs, labels)
         loss = nll = None
         if labels is not None:
@@ -132,7 +147,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             loss = nll = out.nll_sum / torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0
             if out.aux_loss is not None:
                 loss = nll + out.aux_loss
-        return loss, nll, out.logits, out.aux_loss
+        return loss, nll, out.logits, out.aux_loss, out.aux_terms
 
     def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch):
         """TRL's fused-LM-head call (`fused_lm_head=True`): per-token log-probabilities of the
@@ -142,7 +157,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             if labels is None:
                 raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
             shift_labels = next_token_labels(labels)
-        _, _, logits, aux_loss = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
+        _, _, logits, aux_loss, _ = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
         temperature = getattr(self, "_fused_lm_head", {}).get("temperature", 1.0)
         keep = slice(None) if labels is None else slice(None, -1)  # (batch, seq_len - 1) as TRL's
         shift_labels = shift_labels.to(logits.device)
@@ -215,13 +230,15 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             labels = shift_labels
         elif labels is not None:
             labels = next_token_labels(labels)
-        loss, nll_loss, logits, aux_loss = self._head_outputs(
-            outputs.last_hidden_state, outputs.hidden_states, labels, logits_to_keep, num_items_in_batch, return_logits
+        loss, nll_loss, logits, aux_loss, aux_terms = self._head_outputs(
+            outputs.last_hidden_state, outputs.hidden_states, labels, logits_to_keep, num_items_in_batch, return_logits,
+            input_ids,
         )
         return OutHeadsCausalLMOutput(
             loss=loss,
             nll_loss=nll_loss,
             aux_loss=aux_loss,
+            aux_terms=aux_terms,
             logits=logits,
             cache=outputs.cache,
             hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden),
@@ -278,13 +295,15 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             return_dict=True,
             **kwargs,
         )
-        loss, nll_loss, logits, aux_loss = self._head_outputs(
-            outputs.last_hidden_state, outputs.decoder_hidden_states, labels, logits_to_keep, num_items_in_batch, return_logits
+        loss, nll_loss, logits, aux_loss, aux_terms = self._head_outputs(
+            outputs.last_hidden_state, outputs.decoder_hidden_states, labels, logits_to_keep, num_items_in_batch,
+            return_logits, decoder_input_ids,
         )
         return OutHeadsSeq2SeqLMOutput(
             loss=loss,
             nll_loss=nll_loss,
             aux_loss=aux_loss,
+            aux_terms=aux_terms,
             logits=logits,
             cache=outputs.cache,
             decoder_hidden_states=self._returned_hidden_states(outputs.decoder_hidden_states, return_hidden),

@@ -34,9 +34,11 @@ class HeadDims:
 class Spec:
     """What a field accepts. `kind`: "int", "number" (ints accepted) in `[low, high]`
     (`open_low` / `open_high` exclude a bound; `high` only together with `low`), "bool", "choice"
-    (one of `choices`), or "pairs": a non-empty list of `[integer, integer >= 1]` pairs, also given
+    (one of `choices`), "pairs": a non-empty list of `[integer, integer >= 1]` pairs, also given
     as a `{key: count}` dict whose keys may be integer strings (JSON object keys); `choices` then
-    names the two members.
+    names the two members; "name": a string the head checks in `complete` (another head's type,
+    whose list is the catalog's); "mapping": a dict with string keys (another head's options,
+    which the head checks in `complete`), stored as a copy.
     `optional`: None is accepted (the head derives the value in `complete`)."""
 
     kind: str
@@ -50,6 +52,10 @@ class Spec:
     def describe(self) -> str:
         if self.kind == "bool":
             return "true or false"
+        if self.kind == "name":
+            return "a string"
+        if self.kind == "mapping":
+            return "a mapping of option names to values (a JSON object)"
         if self.kind == "pairs":
             key, count = self.choices
             return f"a non-empty list of [{key}, {count}] pairs (integers, each {count} >= 1)"
@@ -64,6 +70,10 @@ class Spec:
             return isinstance(value, bool)
         if self.kind == "choice":
             return isinstance(value, str) and value in self.choices
+        if self.kind == "name":
+            return isinstance(value, str)
+        if self.kind == "mapping":
+            return isinstance(value, dict) and all(isinstance(key, str) for key in value)
         if isinstance(value, bool) or not isinstance(value, int if self.kind == "int" else (int, float)):
             return False
         if not math.isfinite(value):
@@ -81,7 +91,7 @@ class Spec:
             if pairs is not None:
                 return pairs
         elif self.accepts(value):
-            return value
+            return dict(value) if self.kind == "mapping" else value
         elif self.kind == "choice":
             raise ValueError(f"Head '{head_type}': option '{name}'={value!r} is not one of {list(self.choices)}.")
         raise ValueError(f"Head '{head_type}': option '{name}' must be {self.describe()}, got {value!r}.")
@@ -145,6 +155,16 @@ def pairs(default: Callable[[], list], names: tuple[str, str]) -> Any:
     """A list of `[integer, count >= 1]` pairs (or a `{key: count}` dict), stored as a list of lists;
     `names`: what the two members are, for messages."""
     return _declare(default, Spec("pairs", choices=names))
+
+
+def name(default: str) -> Any:
+    """A string field whose allowed values the head checks in `complete` (e.g. a head type of the catalog)."""
+    return _declare(default, Spec("name"))
+
+
+def mapping(default: Callable[[], dict]) -> Any:
+    """A dict field with string keys (e.g. another head's options), checked further by the head's `complete`."""
+    return _declare(default, Spec("mapping"))
 
 
 def require_tied_width(head_type: str, dims: HeadDims, reason: str, alternatives: str) -> None:

@@ -74,6 +74,7 @@ class SoftmaxHead(OutputBias, OutputHead):
     # True where `label_matrix` computes a new matrix (drill, joint): worth keeping across
     # `generate` calls. Elsewhere it returns a stored tensor, and keeping copies would only cost.
     keeps_label_matrix: ClassVar[bool] = False
+    single_softmax = True
 
     Options = SoftmaxOptions
 
