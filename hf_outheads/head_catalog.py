@@ -18,6 +18,7 @@ from .head_mos import MoSHead
 from .head_doc import DOCHead
 from .head_lightrnn import LightRNNHead
 from .head_sigsoftmax import SigSoftmaxHead
+from .head_mtp import MTPHead
 
 # the head classes imported above (each names its `head_type`), in the order of their lines
 HEAD_CLASSES: dict[str, type[OutputHead]] = {

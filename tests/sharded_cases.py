@@ -23,8 +23,10 @@ CASES = {  # name: head options; the head type is the name up to "-"
     "lightrnn": _LIGHTRNN,
     "lightrnn-tied": {**_LIGHTRNN, "tied": True},
     "sigsoftmax": {},
+    "mtp": {"num_future": 2, "num_attention_heads": 2},  # shared head `tied`: scores with E
+    "mtp-independent": {"num_future": 2, "num_attention_heads": 2, "form": "independent", "head": "linear"},
 }
-READS_E = {"tied", "drill", "joint", "lightrnn-tied", "mos-tied", "doc-tied"}  # heads scoring with E
+READS_E = {"tied", "drill", "joint", "lightrnn-tied", "mos-tied", "doc-tied", "mtp"}  # heads scoring with E
 STEPS, LR, ROWS, LENGTH = 3, 0.5, 2, 9  # ROWS per process
 
 

@@ -64,7 +64,8 @@ def test_heads_reading_e_show_it_as_their_weight(family):
     tied_forms = [(head, {**HEAD_CASES[head], "tied": True}) for head in ("lightrnn", "mos", "doc")]
     for head, options in [*HEAD_CASES.items(), *tied_forms]:
         model = tiny_model(family, head, options)
-        reads_e = head in ("tied", "bilinear", "joint", "drill") or options.get("tied", False)
+        reads_e_types = ("tied", "bilinear", "joint", "drill")  # mtp: as its shared head
+        reads_e = head in reads_e_types or options.get("tied", False) or options.get("head") in reads_e_types
         for probe in (model, copy.deepcopy(model)):
             weight = getattr(probe.get_output_embeddings(), "weight", None)
             assert (weight is probe.get_input_embeddings().weight) == reads_e, (family, head)

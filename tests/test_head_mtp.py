@@ -1,0 +1,266 @@
+"""The `mtp` head: future-token losses (shifts, causality, weights), drafting that reproduces the
+predictors' own teacher-forced predictions, greedy self-speculative decoding token-identical to
+plain greedy on every causal family, sampling, export without the predictors, options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_outheads import HeadInputs, OutHeadsConfig
+from hf_outheads.mtp_drafting import FutureDrafts
+from tiny import CAUSAL, VOCAB, batch, tiny_config, tiny_model
+
+FORMS = ("sequential", "independent")
+
+
+def mtp_model(family="llama", form="sequential", num_future=3, seed=0, **options):
+    """A tiny model whose predictors are noisy enough that drafts are both accepted and rejected."""
+    model = tiny_model(family, "mtp", {"num_future": num_future, "form": form, "num_attention_heads": 2, **options},
+                       seed=seed)
+    with torch.no_grad():
+        for name, param in model.head.predictors.named_parameters():
+            if "norm" not in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def prompts(count=4, length=5):
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(3, VOCAB, (1, length), generator=g) for _ in range(count)]
+
+
+def reference_future_nll(model, data, k):
+    """Depth k's mean NLL computed position by position from the formulas, not the head's loop:
+    depth j reads (sequential) the previous depth's state and token t + j, predicts token t + j + 1."""
+    head, ids = model.head, data["input_ids"]
+    hidden = model.backbone(input_ids=ids).last_hidden_state * model.config.hidden_scale
+    E = model.output_embedding_matrix()
+    state = hidden
+    for j in range(1, k + 1):
+        predictor = head.predictors[j - 1]
+        if predictor.merge is None:
+            state = predictor(hidden)
+        else:
+            ahead = torch.cat([ids[:, j:], ids.new_zeros(ids.shape[0], j)], dim=1)  # token t + j
+            state = predictor(state, E[ahead])
+    logits = head.shared(HeadInputs(head.predictors[k - 1].norm(state), E)).logits
+    T = ids.shape[1]
+    return F.cross_entropy(logits[:, : T - k - 1].reshape(-1, VOCAB), ids[:, k + 1 :].reshape(-1))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_future_losses_are_the_shifted_cross_entropies_weighted(form):
+    model = mtp_model(form=form, loss_weight=0.5)
+    data = batch("llama", length=9)
+    out = model(**data)
+    terms = [reference_future_nll(model, data, k) for k in (1, 2, 3)]
+    for k, want in enumerate(terms, start=1):
+        torch.testing.assert_close(out.aux_terms[f"mtp_nll_{k}"], want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.aux_loss, 0.5 / 3 * sum(terms), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.loss, out.nll_loss + out.aux_loss)
+    assert model(input_ids=data["input_ids"]).loss is None  # no labels, no future terms
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_prediction_never_sees_its_target(form):
+    """Depth k's prediction at position t (token t + k + 1) is unchanged when every token after t + k changes."""
+    model = mtp_model(form=form)
+    ids = batch("llama", length=10)["input_ids"]
+    t = 3
+    for k in (1, 2, 3):
+        changed = ids.clone()
+        changed[:, t + k + 1 :] = (ids[:, t + k + 1 :] + 5) % VOCAB
+        states = []
+        for probe in (ids, changed):
+            hidden = model.backbone(input_ids=probe).last_hidden_state
+            tokens = torch.cat([probe[:, 1:], probe.new_full((probe.shape[0], 1), -100)], dim=1)
+            states.append(dict(model.head.future_states(hidden, model.output_embedding_matrix(), tokens))[k][:, t])
+        torch.testing.assert_close(*states, msg=f"depth {k}")
+        if k == 1:  # and the changed tokens do reach the later positions (the check is not vacuous)
+            later = [dict(model.head.future_states(model.backbone(input_ids=p).last_hidden_state,
+                                                   model.output_embedding_matrix(),
+                                                   torch.cat([p[:, 1:], p[:, :1]], dim=1)))[1][:, -1] for p in (ids, changed)]
+            assert not torch.allclose(*later)
+
+
+def test_chunked_and_bf16_future_losses_match_the_full_ones():
+    """The future terms run through the shared head's memory-lean loss; with `training_loss: chunked`
+    the whole loss equals the full-logits one, and under bf16 autocast stays close."""
+    data = batch("llama", length=9)
+    full = mtp_model(head="linear").train()
+    chunked = mtp_model(head="linear", head_options={"training_loss": "chunked"}).train()
+    chunked.load_state_dict(full.state_dict())
+    a, b = full(**data), chunked(**data)
+    torch.testing.assert_close(b.loss, a.loss, rtol=1e-5, atol=1e-5)
+    assert b.logits is None  # the chunked loss holds no logits
+    a.loss.backward(), b.loss.backward()
+    for (name, p), q in zip(full.named_parameters(), chunked.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = chunked(**data)
+    torch.testing.assert_close(low.aux_loss.float(), a.aux_loss, rtol=0.03, atol=0.03)
+
+
+def recorded_drafts(monkeypatch):
+    calls = []
+    original = FutureDrafts.draft
+
+    def draft(self, input_ids, states):
+        tokens, scores = original(self, input_ids, states)
+        calls.append((input_ids.clone(), torch.cat(tokens, dim=1)))
+        return tokens, scores
+
+    monkeypatch.setattr(FutureDrafts, "draft", draft)
+    return calls
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_drafts_are_the_teacher_forced_predictions(form, monkeypatch):
+    """Every round's drafts equal what the predictors predict at the last verified position over
+    the whole sequence (the training path), the lower depths' drafts as the tokens ahead: the
+    caches, their crops and the kept states reproduce the full computation."""
+    model = mtp_model(form=form)
+    calls = recorded_drafts(monkeypatch)
+    for prompt in prompts(3):
+        model.generate(prompt, max_new_tokens=24, do_sample=False, use_mtp=True)
+    assert len(calls) > 10
+    E = model.output_embedding_matrix()
+    for ids, drafts in calls:
+        L = ids.shape[1] - 1
+        hidden = model.backbone(input_ids=ids[:, :L]).last_hidden_state
+        extended = torch.cat([ids, drafts], dim=1)
+        tokens = extended[:, 1 : L + 1 + drafts.shape[1]]  # token t + 1 at position t, over the drafts too
+        hidden = torch.cat([hidden, hidden.new_zeros(1, tokens.shape[1] - L, hidden.shape[-1])], dim=1)
+        for k, state in model.head.future_states(hidden, E, tokens):
+            logits = model.head.shared(HeadInputs(model.head.predictors[k - 1].norm(state[:, L - 1]), E)).logits
+            assert logits.argmax(-1).item() == drafts[0, k - 1].item(), (form, L, k)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("family", sorted(CAUSAL))
+def test_greedy_drafting_is_token_identical_to_greedy(family, form):
+    """Plain greedy, and greedy with a repetition penalty (a logits processor, which also keeps these
+    random models from repeating one token, so that drafts are refused as well as kept)."""
+    model = mtp_model(family, form, seed=1)
+    accepted = proposed = 0
+    for prompt in prompts():
+        for processors in ({}, {"repetition_penalty": 1.5}):
+            options = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, **processors)
+            plain = model.generate(prompt, **options)
+            drafted = model.generate(prompt, use_mtp=True, **options)
+            assert torch.equal(drafted, plain), (family, form, processors)
+            counts = model.head.draft_counts
+            accepted, proposed = accepted + sum(counts.accepted), proposed + sum(counts.proposed)
+            assert counts.tokens == 20 and counts.rounds <= 20  # every round verifies; some add several tokens
+    assert 0 < accepted < proposed, (accepted, proposed)  # drafts were both kept and refused
+
+
+def test_greedy_drafting_stops_at_eos_and_max_length():
+    model = mtp_model(seed=1)
+    for prompt in prompts():
+        plain = model.generate(prompt, max_new_tokens=9, do_sample=False)
+        eos = int(plain[0, prompt.shape[1] + 4])
+        want = model.generate(prompt, max_new_tokens=9, do_sample=False, eos_token_id=eos, pad_token_id=0)
+        got = model.generate(prompt, max_new_tokens=9, do_sample=False, eos_token_id=eos, pad_token_id=0, use_mtp=True)
+        assert torch.equal(got, want) and got.shape[1] <= prompt.shape[1] + 9
+
+
+def test_sampling_with_drafts_is_seeded_and_speculative():
+    """Sampling drafts candidates with their scores (speculative sampling verifies them): the same seed
+    gives the same tokens, drafts are counted, and every round adds at least one token."""
+    model = mtp_model(seed=1)
+    prompt = prompts(1)[0]
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        runs.append(model.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=True, top_k=20,
+                                   use_mtp=True))
+    assert torch.equal(*runs) and runs[0].shape[1] == prompt.shape[1] + 16
+    counts = model.head.draft_counts
+    assert sum(counts.proposed) > 0 and counts.tokens == 16
+
+
+def test_draft_counts_and_a_head_without_predictors():
+    model = tiny_model("llama", "tied")
+    with pytest.raises(ValueError, match=r"Head 'tied'.*use_mtp=True needs .*head_type='mtp'"):
+        model.generate(prompts(1)[0], max_new_tokens=3, use_mtp=True)
+
+
+def test_export_plain_drops_the_predictors(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = mtp_model("gpt2", head_options={"output_bias": False})
+    result = model.export_plain(tmp_path / "plain")
+    assert result.exact and result.architecture == "GPT2LMHeadModel"
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "plain").eval()
+    assert not any("predictors" in key for key in plain.state_dict())
+    ids = batch("gpt2")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    prompt = prompts(1)[0]
+    assert torch.equal(plain.generate(prompt, max_new_tokens=12, do_sample=False),
+                       model.generate(prompt, max_new_tokens=12, do_sample=False, use_mtp=True))
+
+
+@pytest.mark.parametrize("options,option", [
+    ({"head": "mos"}, "'head'"),
+    ({"head": "doc"}, "'head'"),
+    ({"head": "mtp"}, "'head'"),
+    ({"head": "nope"}, "'head'"),
+    ({"head_options": {"depth": 2}}, "'head_options'"),
+    ({"head": "drill", "head_options": {"depth": "2"}}, "'depth'"),
+    ({"num_future": 0}, "'num_future'"),
+    ({"form": "parallel"}, "'form'"),
+    ({"loss_weight": -1}, "'loss_weight'"),
+    ({"num_attention_heads": 3}, "'num_attention_heads'"),
+    ({"head_options": [1]}, "'head_options'"),
+])
+def test_bad_options_name_the_head_and_the_option(options, option):
+    with pytest.raises(ValueError) as error:
+        OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mtp", head_options=options)
+    assert "Head 'mtp'" in str(error.value) and option in str(error.value), str(error.value)
+
+
+def test_conversion_keeps_the_next_token_model_and_shares_the_converted_head():
+    from hf_outheads import OutHeadsForCausalLM
+    from tiny import tiny_original
+
+    original = tiny_original("gpt2")
+    model = OutHeadsForCausalLM.from_backbone(original, "mtp", {"head": "drill", "num_future": 2}).eval()
+    assert model.config.head_options["head_options"]["dropout"] == 0.0  # drill's conversion default
+    converted_tied = OutHeadsForCausalLM.from_backbone(original, "mtp").eval()
+    ids = batch("gpt2")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(converted_tied(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
+    assert converted_tied.get_output_embeddings().weight is converted_tied.get_input_embeddings().weight
+
+
+def test_training_loop_logs_the_future_losses_apart():
+    """`training.loop`'s running record carries each depth's loss (`train_mtp_nll_k`) beside the
+    next-token loss and the weighted sum (`train_aux_loss`)."""
+    from training.loop import RunningLoss
+
+    running = RunningLoss()
+    running.add(3.0, 0.6, {"mtp_nll_1": 4.0, "mtp_nll_2": 5.0})
+    running.add(1.0, 0.2, {"mtp_nll_1": 2.0, "mtp_nll_2": 3.0})
+    record = running.record(1e-3)
+    assert record == {"train_loss": 2.0, "learning_rate": 1e-3, "train_aux_loss": pytest.approx(0.4),
+                      "train_mtp_nll_1": 3.0, "train_mtp_nll_2": 4.0}
+    assert "train_mtp_nll_1" not in (running.add(1.0, None), running.record(1e-3))[1]
+
+
+def test_trainer_trains_the_predictors(tmp_path):
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    model = mtp_model().train()
+    ids = torch.randint(3, VOCAB, (8, 12), generator=torch.Generator().manual_seed(0))
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    before = {k: v.clone() for k, v in model.head.predictors.state_dict().items()}
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2,
+                             report_to=[], save_strategy="no", logging_steps=1, use_cpu=True)
+    Trainer(model=model, args=args, train_dataset=data).train()
+    moved = [k for k, v in model.head.predictors.state_dict().items() if not torch.equal(v, before[k])]
+    assert len(moved) == len(before)
