@@ -3,7 +3,8 @@
 Each window's loss is the token mean over the whole window (and over every process), as
 transformers' Trainer computes it: the model gets `num_items_in_batch`, the window's label
 tokens summed over processes, and returns `sum of NLL / num_items_in_batch` per micro-batch.
-A head's auxiliary loss (DOC) is averaged over the window's micro-batches.
+A head's auxiliary loss (DOC, `mtp`) is averaged over the window's micro-batches, and so are its
+named parts (`aux_terms`: `mtp`'s future-token losses), which are logged apart.
 The micro-batches accumulate through `accelerator.accumulate` (gradient synchronisation on the
 window's last micro-batch; under DeepSpeed, its engine's own accumulation and step). accelerate
 and DeepSpeed divide each micro-batch's loss by `gradient_accumulation_steps` (a mean of
@@ -32,9 +33,11 @@ def loss_tokens(batch, task: str) -> torch.Tensor:
     return (labels != IGNORE_INDEX).sum()
 
 
-def window_step(accelerator, model, optimizer, scheduler, window: list, options) -> tuple[float, float | None]:
+def window_step(accelerator, model, optimizer, scheduler, window: list, options, terms: dict | None = None
+                ) -> tuple[float, float | None]:
     """Forward and backward of every micro-batch of `window`, then one optimizer step.
-    Returns (the window's mean token NLL over all processes, mean auxiliary loss or None)."""
+    Returns (the window's mean token NLL over all processes, mean auxiliary loss or None); `terms`,
+    when given, receives the mean of each named part of the auxiliary loss (`outputs.aux_terms`)."""
     count = accelerator.reduce(sum(loss_tokens(b, options.task) for b in window).to(accelerator.device), "sum")
     processes, nll_total, aux_total = accelerator.num_processes, 0.0, None
     undo_division = accelerator.gradient_accumulation_steps  # see the module docstring
@@ -52,27 +55,34 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options)
         nll_total += nll.detach()
         if aux is not None:
             aux_total = (aux_total or 0.0) + aux.detach() / len(window)
+        for name, value in (getattr(outputs, "aux_terms", None) or {}).items() if terms is not None else ():
+            terms[name] = terms.get(name, 0.0) + value.detach() / len(window)
     nll_total = accelerator.reduce(torch.as_tensor(nll_total, device=accelerator.device), "sum").item()
     aux_mean = None if aux_total is None else accelerator.reduce(aux_total, "mean").item()
+    for name, value in (terms or {}).items():
+        terms[name] = accelerator.reduce(torch.as_tensor(value, device=accelerator.device), "mean").item()
     return nll_total, aux_mean
 
 
 class RunningLoss:
-    """Mean training loss (and auxiliary loss, when the head has one) since the last log."""
+    """Mean training loss (and auxiliary loss and its named parts, when the head has them) since the last log."""
 
     def __init__(self):
-        self.loss, self.aux, self.steps, self.has_aux = 0.0, 0.0, 0, False
+        self.loss, self.aux, self.steps, self.has_aux, self.terms = 0.0, 0.0, 0, False, {}
 
-    def add(self, loss: float, aux: float | None) -> None:
+    def add(self, loss: float, aux: float | None, terms: dict | None = None) -> None:
         self.loss, self.steps = self.loss + loss, self.steps + 1
         if aux is not None:
             self.has_aux, self.aux = True, self.aux + aux
+        for name, value in (terms or {}).items():
+            self.terms[name] = self.terms.get(name, 0.0) + value
 
     def record(self, learning_rate: float) -> dict:
         record = {"train_loss": self.loss / self.steps, "learning_rate": learning_rate}
         if self.has_aux:
             record["train_aux_loss"] = self.aux / self.steps
-        self.loss, self.aux, self.steps = 0.0, 0.0, 0
+        record.update({f"train_{name}": value / self.steps for name, value in self.terms.items()})
+        self.loss, self.aux, self.steps, self.terms = 0.0, 0.0, 0, {}
         return record
 
 
@@ -112,9 +122,10 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
     while progress.step < max_steps:
         for window in epoch_windows(accelerator, train_dl, progress, options.gradient_accumulation_steps):
             with stop_on_non_finite(progress.step + 1, options):
-                loss, aux = window_step(accelerator, model, optimizer, scheduler, window, options)
+                terms = {}
+                loss, aux = window_step(accelerator, model, optimizer, scheduler, window, options, terms)
                 check_finite("training loss", loss)
-            running.add(loss, aux)
+            running.add(loss, aux, terms)
             progress.batches_in_epoch += len(window)
             progress.step += 1
             step_times.append(time.perf_counter() - started)
