@@ -165,20 +165,27 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 
     def _needs_hidden_states(self, output_hidden_states):
         """(what to ask the backbone for, what to return to the caller): booleans, or for a list
-        of layer indices (transformers' partial capture) the indices to ask (the caller's and
-        the head's `layer_indices`) and the set of indices to return."""
+        of layer indices (transformers' partial capture; an int is a list of one) the indices to ask
+        (the caller's and the head's `layer_indices`) and the set of indices to return. The last
+        entry alone (`-1`, what transformers' MTP and this package's drafting ask for at every step)
+        is the backbone's final state, which every forward has: the backbone captures nothing then."""
         wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         layers = self.head.layer_indices
+        if isinstance(wanted, int) and not isinstance(wanted, bool):
+            wanted = [wanted]
         if isinstance(wanted, (list, tuple)):
             count = self.head.dims.num_layers + 1  # hidden_states entries: embeddings + every layer
             keep = {index % count for index in wanted}
+            if keep == {count - 1} and not layers:
+                return False, keep
             return sorted(keep | set(layers)), keep
         return bool(wanted) or bool(layers), bool(wanted)
 
-    @staticmethod
-    def _returned_hidden_states(hidden_states, keep):
-        if not keep or hidden_states is None or keep is True:
+    def _returned_hidden_states(self, hidden_states, keep, last_hidden):
+        if not keep or keep is True:
             return hidden_states if keep else None
+        if hidden_states is None:  # the last entry alone: the final state (see `_needs_hidden_states`)
+            return (None,) * self.head.dims.num_layers + (last_hidden,)
         return tuple(state if i in keep else None for i, state in enumerate(hidden_states))
 
 
@@ -241,7 +248,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_terms=aux_terms,
             logits=logits,
             cache=outputs.cache,
-            hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden),
+            hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden, outputs.last_hidden_state),
             attentions=outputs.attentions,
         )
 
@@ -306,7 +313,8 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_terms=aux_terms,
             logits=logits,
             cache=outputs.cache,
-            decoder_hidden_states=self._returned_hidden_states(outputs.decoder_hidden_states, return_hidden),
+            decoder_hidden_states=self._returned_hidden_states(outputs.decoder_hidden_states, return_hidden,
+                                                               outputs.last_hidden_state),
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,

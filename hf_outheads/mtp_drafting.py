@@ -66,7 +66,7 @@ class FutureDrafts(CandidateGenerator):
     generation_config: object
     logits_processor: object = None
     requires_model_outputs = True
-    model_kwargs_overrides = {"output_hidden_states": True}
+    model_kwargs_overrides = {"output_hidden_states": -1}  # the final states only (no capture: see the model's forward)
     caches: list = field(init=False)
 
     def __post_init__(self):
@@ -127,7 +127,7 @@ class FutureDrafts(CandidateGenerator):
         """The draft from one normalised state through the shared head: the processed scores (the
         generation's logits processors, as the verification applies them) and their argmax or sample."""
         logits = self.head.shared(HeadInputs(state, self.embeddings)).logits[:, -1].float()
-        if self.logits_processor is not None:
+        if self.logits_processor:
             logits = self.logits_processor(ids, logits)
         if self.generation_config.do_sample:
             token = torch.multinomial(logits.softmax(-1), num_samples=1)

@@ -5,6 +5,7 @@ and greedy and beam search generate the same tokens. One subprocess checks many 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -12,13 +13,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, get_head_class
 from hf_outheads.export_plain import plain_export_capabilities
 from head_cases import HEAD_CASES
 from subprocess_runs import run
 from tiny import ALL, SEQ2SEQ, VOCAB, model_class, tiny_config, tiny_model, tiny_original
 
 EXACT_HEADS = {head: HEAD_CASES[head] for head, exact in plain_export_capabilities().items() if exact}
+
+
+def with_output_bias(head: str, options: dict, bias: bool) -> dict:
+    """`options` with `output_bias`: the head's own option, or its shared head's (`mtp`'s `head_options`)."""
+    if "output_bias" in {f.name for f in dataclasses.fields(get_head_class(head).Options)}:
+        return {**options, "output_bias": bias}
+    return {**options, "head_options": {**options.get("head_options", {}), "output_bias": bias}}
 BIASED = ("bart", "marian")  # families whose class adds a per-word bias (final_logits_bias)
 GENERATE = dict(max_new_tokens=5, do_sample=False)
 
@@ -95,13 +103,13 @@ def export_case(model, family: str, tmp_path, name: str, **kwargs) -> dict:
 
 
 def test_every_affine_head_exports_exactly(tmp_path):
-    """tied, linear, bilinear, drill and joint (identity activation), perturbed, on every family:
+    """tied, linear, bilinear, drill, joint (identity activation) and mtp (sharing tied), perturbed, on every family:
     without an output bias where the class has none, with one (final_logits_bias) on BART/Marian.
     One subprocess loads all 36 folders (its start costs more than the models)."""
     cases = {}
     for family in ALL:
         for head, options in EXACT_HEADS.items():
-            model = perturb(tiny_model(family, head, {**options, "output_bias": family in BIASED}))
+            model = perturb(tiny_model(family, head, with_output_bias(head, options, family in BIASED)))
             cases[f"{family}-{head}"] = export_case(model, family, tmp_path, f"{family}-{head}")
     text = tiny_config("t5")  # T5 v1.1: no d_model**-0.5 output scaling (scale_decoder_outputs False)
     text.scale_decoder_outputs = False
@@ -217,6 +225,8 @@ def test_heads_without_an_output_bias(tmp_path):
     """output_bias=False: no parameter (joint: no b_v either); saved and loaded as such; the
     chunked and sampled losses run without it; resize and conversion handle it."""
     for head, options in EXACT_HEADS.items():
+        if with_output_bias(head, {}, False) != {"output_bias": False}:
+            continue  # a head sharing another (mtp): its shared head's case is this one
         model = tiny_model("gpt2", head, {**options, "output_bias": False})
         assert model.head.bias is None and not any(k.endswith("head.bias") for k in model.state_dict())
         if head == "joint":
