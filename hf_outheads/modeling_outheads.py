@@ -149,7 +149,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
                 loss = nll + out.aux_loss
         return loss, nll, out.logits, out.aux_loss, out.aux_terms
 
-    def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch):
+    def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch, token_ids=None):
         """TRL's fused-LM-head call (`fused_lm_head=True`): per-token log-probabilities of the
         next-token labels, entropy, ... through the head (`integrations.fused_outputs`), at the
         temperature of TRL's patch (`integrations.LibraryHooks.__setattr__`)."""
@@ -157,7 +157,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             if labels is None:
                 raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
             shift_labels = next_token_labels(labels)
-        _, _, logits, aux_loss, _ = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True)
+        _, _, logits, aux_loss, _ = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True,
+                                                       token_ids)
         temperature = getattr(self, "_fused_lm_head", {}).get("temperature", 1.0)
         keep = slice(None) if labels is None else slice(None, -1)  # (batch, seq_len - 1) as TRL's
         shift_labels = shift_labels.to(logits.device)
@@ -231,7 +232,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         )
         if fused_lm_head:
             return self._fused_head_outputs(
-                outputs.last_hidden_state, outputs.hidden_states, labels, shift_labels, num_items_in_batch
+                outputs.last_hidden_state, outputs.hidden_states, labels, shift_labels, num_items_in_batch, input_ids
             )
         if shift_labels is not None:
             labels = shift_labels

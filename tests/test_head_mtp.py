@@ -264,3 +264,16 @@ def test_trainer_trains_the_predictors(tmp_path):
     Trainer(model=model, args=args, train_dataset=data).train()
     moved = [k for k, v in model.head.predictors.state_dict().items() if not torch.equal(v, before[k])]
     assert len(moved) == len(before)
+
+
+@pytest.mark.parametrize("family", sorted(CAUSAL))
+def test_the_last_hidden_state_alone_is_the_captured_one(family):
+    """`output_hidden_states=-1` (what drafting asks for every step) returns the last entry of the full
+    capture, without capturing every layer."""
+    model = tiny_model(family, "tied")
+    ids = batch(family)["input_ids"]
+    with torch.no_grad():
+        full = model(ids, output_hidden_states=True).hidden_states
+        last = model(ids, output_hidden_states=-1).hidden_states
+    assert len(last) == len(full) and all(state is None for state in last[:-1])
+    assert torch.equal(last[-1], full[-1])
