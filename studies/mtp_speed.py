@@ -1,0 +1,159 @@
+"""Self-speculative decoding with the `mtp` head, measured: greedy tokens/s of
+`generate(use_mtp=True)` against plain greedy `generate()` of the same model, and the acceptance
+rate per future position (issue 43).
+
+    python -m studies.mtp_speed outputs/mtp_finetune --output_dir studies/results/mtp_finetune
+
+Reads every `<runs>/<name>/seed<seed>/` run of a comparison (`studies.compare_heads`) whose model has
+an `mtp` head, and the prompts from the built-in corpus's validation split (its first documents with
+at least `--prompt_tokens` tokens, cut there). Paired, in one process: for each prompt the two
+methods run alternately `--repeats` times, so that load from other processes on the machine falls on
+both alike; a prompt's time is the median of its repeats; tokens/s is a method's generated tokens over
+the sum of its prompts' times. Every drafted generation must be token-identical to the plain one (the
+script stops otherwise). Writes `speed.md` and `speed.json` to `--output_dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+DRAFT_CHECK = "identical tokens"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", help="A compare_heads output folder (<name>/seed<seed>/ runs).")
+    parser.add_argument("--output_dir", required=True, help="Where speed.md and speed.json go.")
+    parser.add_argument("--prompts", type=int, default=16, help="Prompts from the validation split.")
+    parser.add_argument("--prompt_tokens", type=int, default=32, help="Tokens per prompt.")
+    parser.add_argument("--new_tokens", type=int, default=64, help="max_new_tokens of each generation.")
+    parser.add_argument("--repeats", type=int, default=5, help="Alternating calls per method and prompt.")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU).")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda.")
+    parser.add_argument("--command", default=None, help="The command line to record (default: this one).")
+    return parser.parse_args(argv)
+
+
+def mtp_runs(root: Path) -> list[Path]:
+    """Run folders under `root` whose saved model has an `mtp` head."""
+    found = []
+    for config in sorted(root.glob("*/seed*/config.json")):
+        if json.loads(config.read_text()).get("head_type") == "mtp":
+            found.append(config.parent)
+    return found
+
+
+def prompts(tokenizer, count: int, length: int) -> list[torch.Tensor]:
+    from training.stdlib_corpus import load_stdlib_dataset
+
+    chosen = []
+    for row in load_stdlib_dataset("text")["validation"]:
+        ids = tokenizer(row["text"])["input_ids"]
+        if len(ids) >= length:
+            chosen.append(torch.tensor([ids[:length]]))
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def timed(model, prompt, **options) -> tuple[float, torch.Tensor]:
+    if prompt.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = model.generate(prompt, **options)
+    if prompt.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def measure(run: Path, args) -> dict:
+    """One model: per-method tokens/s (paired, alternating), the ratio, and the drafts' acceptance."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_outheads.mtp_drafting import DraftCounts
+
+    tokenizer = AutoTokenizer.from_pretrained(run)
+    model = AutoModelForCausalLM.from_pretrained(run).to(args.device).eval()
+    options = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    counts = DraftCounts.empty(len(model.head.predictors))
+    times = {"plain": [], "mtp": []}
+    tokens = 0
+    chosen = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens)]
+    for prompt in chosen[:2]:  # warm-up, not timed
+        model.generate(prompt, **options), model.generate(prompt, use_mtp=True, **options)
+    for prompt in chosen:
+        per = {"plain": [], "mtp": []}
+        for repeat in range(args.repeats):
+            seconds, plain = timed(model, prompt, **options)
+            per["plain"].append(seconds)
+            seconds, drafted = timed(model, prompt, use_mtp=True, **options)
+            per["mtp"].append(seconds)
+            if not torch.equal(plain, drafted):
+                raise SystemExit(f"{run}: drafted greedy differs from plain greedy on a prompt: not {DRAFT_CHECK}.")
+            if repeat == 0:
+                counts.add(model.head.draft_counts)
+        tokens += plain.shape[1] - prompt.shape[1]
+        for method in per:
+            times[method].append(statistics.median(per[method]))
+    speed = {method: tokens / sum(seconds) for method, seconds in times.items()}
+    return {"run": str(run), "head_options": model.config.head_options, "prompts": len(chosen), "tokens": tokens,
+            "tokens_per_s": speed, "speed_up": speed["mtp"] / speed["plain"],
+            "acceptance": counts.acceptance(), "tokens_per_round": counts.tokens / max(counts.rounds, 1),
+            "draft_counts": vars(counts)}
+
+
+def write(results: list[dict], args, command: str) -> None:
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = {"device": args.device, "torch_threads": args.threads, "cpu_count": os.cpu_count(),
+               "processor": platform.processor() or platform.machine(), "torch": torch.__version__}
+    if args.device == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name()
+    settings = {k: getattr(args, k) for k in ("prompts", "prompt_tokens", "new_tokens", "repeats")}
+    (out / "speed.json").write_text(json.dumps({"command": command, "machine": machine, "settings": settings,
+                                                "runs": results}, indent=1) + "\n")
+    depth = max(len(r["acceptance"]) for r in results)
+    header = ["run", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification"] + [
+        f"acceptance t+{j + 2}" for j in range(depth)]
+    lines = [f"Command: `{command}`", "",
+             f"Greedy decoding, {settings['prompts']} prompts of {settings['prompt_tokens']} tokens from the built-in "
+             f"corpus's validation split, up to {settings['new_tokens']} new tokens, {settings['repeats']} alternating "
+             f"calls per method and prompt (median), {machine['device']} ({machine['processor']}, "
+             f"{machine['torch_threads']} torch thread(s)). Every drafted generation was token-identical to plain greedy.",
+             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in results:
+        name = "/".join(Path(r["run"]).parts[-2:])
+        rates = [f"{a:.1%}" if a is not None else "" for a in r["acceptance"]] + [""] * (depth - len(r["acceptance"]))
+        lines.append(f"| {name} | {r['tokens_per_s']['plain']:.1f} | {r['tokens_per_s']['mtp']:.1f} | "
+                     f"{r['speed_up']:.2f}x | {r['tokens_per_round']:.2f} | " + " | ".join(rates) + " |")
+    lines += ["", "Acceptance at t+j: the share of rounds that proposed a draft for token t+j in which it was kept "
+              "(with every draft before it); a verification adds the kept drafts and one token of its own."]
+    (out / "speed.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    import sys
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    runs = mtp_runs(Path(args.runs))
+    if not runs:
+        raise SystemExit(f"No run with an mtp head under {args.runs}.")
+    command = args.command or "python -m studies.mtp_speed " + " ".join(sys.argv[1:] if argv is None else argv)
+    results = []
+    for run in runs:
+        results.append(measure(run, args))
+        print(json.dumps({k: results[-1][k] for k in ("run", "tokens_per_s", "speed_up", "acceptance")}), flush=True)
+    write(results, args, command)
+
+
+if __name__ == "__main__":
+    main()
