@@ -277,3 +277,30 @@ def test_the_last_hidden_state_alone_is_the_captured_one(family):
         last = model(ids, output_hidden_states=-1).hidden_states
     assert len(last) == len(full) and all(state is None for state in last[:-1])
     assert torch.equal(last[-1], full[-1])
+
+
+def test_window_step_averages_the_named_terms_over_the_window():
+    """`training.loop.window_step` hands back each depth's loss, the mean over the window's micro-batches."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from training.loop import window_step
+
+    model = mtp_model(num_future=2).train()
+    ids = torch.randint(3, VOCAB, (4, 9), generator=torch.Generator().manual_seed(0))
+    window = [{"input_ids": ids[:2], "labels": ids[:2]}, {"input_ids": ids[2:], "labels": ids[2:]}]
+    with torch.no_grad():
+        want = [model(**batch).aux_terms for batch in window]
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    terms = {}
+    window_step(accelerator, model, optimizer, scheduler, window, SimpleNamespace(task="causal_lm", max_grad_norm=None),
+                terms)
+    assert sorted(terms) == ["mtp_nll_1", "mtp_nll_2"]
+    for name, value in terms.items():
+        assert value == pytest.approx((want[0][name] + want[1][name]).item() / 2, rel=1e-5)
