@@ -50,9 +50,12 @@ class HeadOutput(ModelOutput):
     """`logits` are scores, or normalised log-probabilities when `head.returns_log_probs`.
 
     `nll_sum` is the summed negative log-likelihood of the non-ignored labels (the model
-    divides by the token count); `aux_loss` is an extra training term (DOC's regulariser, the
-    `mtp` head's weighted future-token losses); `aux_terms` names its parts, detached, for
-    logging (`{"mtp_nll_1": ..., ...}`; None: nothing to log apart).
+    divides by the token count); `extra_nll_sum` a further (weighted) sum of negative
+    log-likelihoods that the model divides by the same count and adds to `loss`, not to
+    `nll_loss` (the `mtp` head's future tokens): it sums over micro-batches and processes as
+    `nll_sum` does; `aux_loss` is an extra training term that is a mean over its micro-batch
+    (DOC's regulariser); `aux_terms` names the parts of the extra terms, detached, for logging
+    (`{"mtp_nll_1": ..., ...}`; None: nothing to log apart).
     A `ModelOutput` (a dict), so that libraries that hook module outputs find its tensors:
     DeepSpeed ZeRO-3 gathers the head's parameters again before the head's backward by a hook
     on them (on a plain dataclass it finds none, and the backward meets partitioned, empty
@@ -63,6 +66,7 @@ class HeadOutput(ModelOutput):
 
     logits: torch.Tensor | None = None
     nll_sum: torch.Tensor | None = None
+    extra_nll_sum: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
     aux_terms: dict[str, torch.Tensor] | None = None
 

@@ -10,11 +10,15 @@ Two published forms (`form`):
     block; its state, RMS-normalised, goes to the shared head and predicts token t+k+1;
   - "independent" (Gloeckle et al. 2024, arXiv 2404.19737, Sec. 2): depth k is one transformer
     block on the backbone's final state (the shared trunk), predicting token t+k+1 from it alone.
-Training loss: `L_main + loss_weight / D * sum_k L_k` with D = `num_future` and `L_k` the mean NLL of
-depth k over its labels (DeepSeek-V3 Eq. 25: lambda 0.3 for its first 10T tokens, then 0.1;
-Gloeckle et al.'s plain sum of all heads' losses is `loss_weight = D`). `L_main` is the model's
-`nll_loss`; `aux_loss` is the weighted future term and `aux_terms` its parts (`mtp_nll_k`), which
-the training loop logs apart. The future terms are computed whenever labels are given (in evaluation
+Training loss: `L_main + loss_weight / D * sum_k L_k` with D = `num_future` and `L_k` the NLL of
+depth k (DeepSeek-V3 Eq. 25: lambda 0.3 for its first 10T tokens, then 0.1; Gloeckle et al.'s plain
+sum of all heads' losses is `loss_weight = D`). `L_main` is the model's `nll_loss`; each `L_k` is
+depth k's summed NLL over the next-token loss's count (`extra_nll_sum`: the model divides it by the
+same count, `num_items_in_batch` when given), so that it sums over micro-batches and processes as the
+next-token loss does, in `training/train.py` and in `Trainer` alike (depth k has k fewer labels per
+sequence, so this is its mean times `(T - 1 - k) / (T - 1)` on full sequences of T tokens).
+`aux_terms` holds each depth's mean NLL (`mtp_nll_k`), which the training loop logs apart.
+The future terms are computed whenever labels are given (in evaluation
 too: `loss` is then the training objective, `nll_loss` the next-token NLL; the package's evaluation
 scores the logits without labels, so it pays nothing for them).
 The future losses run through the shared head's memory-lean loss (`return_logits=False`: the
@@ -225,17 +229,17 @@ class MTPHead(OutputHead):
             return out
         # tokens[t] = token t + 1: the input ids shifted, or the labels (ignored ones unknown)
         tokens = labels if inputs.token_ids is None else shifted(inputs.token_ids, 1, IGNORE_INDEX)
-        terms = []
+        sums, counts = [], []
         for k, state in self.future_states(inputs.hidden, inputs.embeddings, tokens):
             future = shifted(labels, k, IGNORE_INDEX)  # token t + k + 1
             if self.predictors[k - 1].merge is not None:  # an unknown input token trains nothing
                 future = future.masked_fill(shifted(tokens, k - 1, IGNORE_INDEX) == IGNORE_INDEX, IGNORE_INDEX)
             scored = HeadInputs(self.predictors[k - 1].norm(state), inputs.embeddings, return_logits=False)
-            nll = self.shared(scored, future).nll_sum
-            terms.append(nll / (future != IGNORE_INDEX).sum().clamp_min(1))
-        aux = self.options.loss_weight / len(terms) * torch.stack(terms).sum()
-        named = {f"mtp_nll_{k}": term.detach() for k, term in enumerate(terms, start=1)}
-        return HeadOutput(logits=out.logits, nll_sum=out.nll_sum, aux_loss=aux, aux_terms=named)
+            sums.append(self.shared(scored, future).nll_sum)
+            counts.append((future != IGNORE_INDEX).sum().clamp_min(1))
+        weighted = self.options.loss_weight / len(sums) * torch.stack(sums).sum()
+        named = {f"mtp_nll_{k}": (total / count).detach() for k, (total, count) in enumerate(zip(sums, counts), start=1)}
+        return HeadOutput(logits=out.logits, nll_sum=out.nll_sum, extra_nll_sum=weighted, aux_terms=named)
 
     def candidate_generator(self, model, generation_config, logits_processor):
         """Drafts from the future predictors (`mtp_drafting.FutureDrafts`)."""

@@ -18,9 +18,10 @@ from .head_interface import IGNORE_INDEX
 
 @dataclass
 class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
-    """`CausalLMOutputWithPast` plus the two terms of `loss` = `nll_loss + aux_loss`: the token-mean
-    next-token NLL and a head's extra training term (DOC's regulariser, `mtp`'s future-token losses; None for most
-    heads), and `aux_terms`, the named parts of `aux_loss` for logging (`{"mtp_nll_1": ...}`; None for most heads)."""
+    """`CausalLMOutputWithPast` plus terms of `loss`: `nll_loss`, the token-mean next-token NLL, and `aux_loss`,
+    a head's per-micro-batch training term (DOC's regulariser; None for most heads); `loss` also holds a head's
+    further token-mean terms (`mtp`'s future tokens), whose parts `aux_terms` names for logging
+    (`{"mtp_nll_1": ...}`; None for most heads)."""
 
     nll_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
@@ -29,7 +30,7 @@ class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
 
 @dataclass
 class OutHeadsSeq2SeqLMOutput(Seq2SeqLMOutput):
-    """`Seq2SeqLMOutput` plus the two terms of `loss` = `nll_loss + aux_loss` and `aux_terms` (as `OutHeadsCausalLMOutput`)."""
+    """`Seq2SeqLMOutput` plus `nll_loss`, `aux_loss` and `aux_terms` (as `OutHeadsCausalLMOutput`)."""
 
     nll_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None

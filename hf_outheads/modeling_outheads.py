@@ -127,8 +127,9 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         token_ids=None,
     ):
         """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss, aux_terms),
-        `loss` = `nll_loss + aux_loss` (the token-mean NLL and the head's training term; `aux_terms`
-        its named parts, for logging). `return_logits` (forward argument): None lets the head decide
+        `loss` = `nll_loss` (the token-mean NLL) + the head's `extra_nll_sum` over the same count
+        (`mtp`'s future tokens) + `aux_loss` (a per-micro-batch training term); `aux_terms` names
+        the extra terms' parts, for logging. `return_logits` (forward argument): None lets the head decide
         (mixture heads return `logits=None` when training with labels), True always computes logits,
         False skips them when labels are given. `token_ids`: the (decoder) input ids, or None."""
         hidden = slice_logits_to_keep(last_hidden, logits_to_keep) * self.config.hidden_scale
@@ -144,9 +145,12 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         loss = nll = None
         if labels is not None:
             count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE_INDEX).sum()
-            loss = nll = out.nll_sum / torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0
+            count = torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0
+            loss = nll = out.nll_sum / count
+            if out.extra_nll_sum is not None:
+                loss = loss + out.extra_nll_sum / count
             if out.aux_loss is not None:
-                loss = nll + out.aux_loss
+                loss = loss + out.aux_loss
         return loss, nll, out.logits, out.aux_loss, out.aux_terms
 
     def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch, token_ids=None):
@@ -157,12 +161,13 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             if labels is None:
                 raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
             shift_labels = next_token_labels(labels)
-        _, _, logits, aux_loss, _ = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True,
-                                                       token_ids)
+        loss, nll, logits, _, _ = self._head_outputs(last_hidden, hidden_states, shift_labels, 0, num_items_in_batch, True,
+                                                     token_ids)
+        extra = None if loss is nll else loss - nll  # the head's training terms beside the next-token NLL
         temperature = getattr(self, "_fused_lm_head", {}).get("temperature", 1.0)
         keep = slice(None) if labels is None else slice(None, -1)  # (batch, seq_len - 1) as TRL's
         shift_labels = shift_labels.to(logits.device)
-        return fused_outputs(logits[:, keep], shift_labels[:, keep], temperature, num_items_in_batch, aux_loss)
+        return fused_outputs(logits[:, keep], shift_labels[:, keep], temperature, num_items_in_batch, extra)
 
     def _needs_hidden_states(self, output_hidden_states):
         """(what to ask the backbone for, what to return to the caller): booleans, or for a list

@@ -58,8 +58,11 @@ def test_future_losses_are_the_shifted_cross_entropies_weighted(form):
     terms = [reference_future_nll(model, data, k) for k in (1, 2, 3)]
     for k, want in enumerate(terms, start=1):
         torch.testing.assert_close(out.aux_terms[f"mtp_nll_{k}"], want.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.aux_loss, 0.5 / 3 * sum(terms), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.loss, out.nll_loss + out.aux_loss)
+    # each depth's NLL sum over the next-token loss's count (T - 1 per sequence; depth k has T - 1 - k)
+    T = data["input_ids"].shape[1]
+    future = sum(term * (T - 1 - k) / (T - 1) for k, term in enumerate(terms, start=1))
+    torch.testing.assert_close(out.loss, out.nll_loss + 0.5 / 3 * future, rtol=1e-5, atol=1e-5)
+    assert out.aux_loss is None and out.nll_loss < out.loss
     assert model(input_ids=data["input_ids"]).loss is None  # no labels, no future terms
 
 
@@ -100,7 +103,8 @@ def test_chunked_and_bf16_future_losses_match_the_full_ones():
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = chunked(**data)
-    torch.testing.assert_close(low.aux_loss.float(), a.aux_loss, rtol=0.03, atol=0.03)
+    for name, value in a.aux_terms.items():
+        torch.testing.assert_close(low.aux_terms[name].float(), value, rtol=0.03, atol=0.03)
 
 
 def recorded_drafts(monkeypatch):
@@ -239,15 +243,14 @@ def test_conversion_keeps_the_next_token_model_and_shares_the_converted_head():
 
 def test_training_loop_logs_the_future_losses_apart():
     """`training.loop`'s running record carries each depth's loss (`train_mtp_nll_k`) beside the
-    next-token loss and the weighted sum (`train_aux_loss`)."""
+    next-token loss (`train_loss`)."""
     from training.loop import RunningLoss
 
     running = RunningLoss()
-    running.add(3.0, 0.6, {"mtp_nll_1": 4.0, "mtp_nll_2": 5.0})
-    running.add(1.0, 0.2, {"mtp_nll_1": 2.0, "mtp_nll_2": 3.0})
+    running.add(3.0, None, {"mtp_nll_1": 4.0, "mtp_nll_2": 5.0})
+    running.add(1.0, None, {"mtp_nll_1": 2.0, "mtp_nll_2": 3.0})
     record = running.record(1e-3)
-    assert record == {"train_loss": 2.0, "learning_rate": 1e-3, "train_aux_loss": pytest.approx(0.4),
-                      "train_mtp_nll_1": 3.0, "train_mtp_nll_2": 4.0}
+    assert record == {"train_loss": 2.0, "learning_rate": 1e-3, "train_mtp_nll_1": 3.0, "train_mtp_nll_2": 4.0}
     assert "train_mtp_nll_1" not in (running.add(1.0, None), running.record(1e-3))[1]
 
 
@@ -280,7 +283,9 @@ def test_the_last_hidden_state_alone_is_the_captured_one(family):
 
 
 def test_window_step_averages_the_named_terms_over_the_window():
-    """`training.loop.window_step` hands back each depth's loss, the mean over the window's micro-batches."""
+    """`training.loop.window_step` hands back each depth's loss, the mean over the window's micro-batches,
+    and its accumulated gradient is the whole batch's: the future terms sum over micro-batches as the
+    next-token loss does."""
     from types import SimpleNamespace
 
     from accelerate import Accelerator
@@ -293,14 +298,20 @@ def test_window_step_averages_the_named_terms_over_the_window():
     window = [{"input_ids": ids[:2], "labels": ids[:2]}, {"input_ids": ids[2:], "labels": ids[2:]}]
     with torch.no_grad():
         want = [model(**batch).aux_terms for batch in window]
+    model(input_ids=ids, labels=ids).loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    optimizer.zero_grad = lambda: None  # keep the window's gradients to compare
     terms = {}
     window_step(accelerator, model, optimizer, scheduler, window, SimpleNamespace(task="causal_lm", max_grad_norm=None),
                 terms)
     assert sorted(terms) == ["mtp_nll_1", "mtp_nll_2"]
     for name, value in terms.items():
         assert value == pytest.approx((want[0][name] + want[1][name]).item() / 2, rel=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
