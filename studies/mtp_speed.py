@@ -65,11 +65,32 @@ def prompts(tokenizer, count: int, length: int) -> list[torch.Tensor]:
 
 
 def timed(model, prompt, **options) -> tuple[float, torch.Tensor]:
-    if prompt.device.type == "cuda":
+    return timed_call(lambda: model.generate(prompt, **options), prompt.device)
+
+
+@torch.no_grad()
+def forward_costs(model, prompt, sizes, repeats: int) -> dict[int, float]:
+    """Median seconds of one forward over `n` new tokens after the prompt's KV cache, for each `n` of
+    `sizes` (1: a plain greedy step; D + 1: a verification of D drafts), measured alternately."""
+    from transformers import DynamicCache
+
+    times = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            cache = DynamicCache(config=model.config.get_text_config())
+            model(prompt, cache=cache, use_cache=True)
+            new = prompt[:, -n:]
+            seconds, _ = timed_call(lambda: model(new, cache=cache, use_cache=True, logits_to_keep=n), prompt.device)
+            times[n].append(seconds)
+    return {n: statistics.median(values) for n, values in times.items()}
+
+
+def timed_call(fn, device) -> tuple[float, object]:
+    if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    out = model.generate(prompt, **options)
-    if prompt.device.type == "cuda":
+    out = fn()
+    if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start, out
 
@@ -104,10 +125,15 @@ def measure(run: Path, args) -> dict:
         for method in per:
             times[method].append(statistics.median(per[method]))
     speed = {method: tokens / sum(seconds) for method, seconds in times.items()}
+    depth = len(model.head.predictors)
+    costs = forward_costs(model, chosen[0], (1, depth + 1), args.repeats)
     return {"run": str(run), "head_options": model.config.head_options, "prompts": len(chosen), "tokens": tokens,
             "tokens_per_s": speed, "speed_up": speed["mtp"] / speed["plain"],
             "acceptance": counts.acceptance(), "tokens_per_round": counts.tokens / max(counts.rounds, 1),
-            "draft_counts": vars(counts)}
+            "draft_counts": vars(counts),
+            # a round's cost in plain greedy steps: what the drafts must pay for
+            "round_in_steps": speed["plain"] * counts.tokens / max(counts.rounds, 1) / speed["mtp"],
+            "verify_forward_in_steps": costs[depth + 1] / costs[1]}
 
 
 def write(results: list[dict], args, command: str) -> None:
@@ -121,7 +147,8 @@ def write(results: list[dict], args, command: str) -> None:
     (out / "speed.json").write_text(json.dumps({"command": command, "machine": machine, "settings": settings,
                                                 "runs": results}, indent=1) + "\n")
     depth = max(len(r["acceptance"]) for r in results)
-    header = ["run", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification"] + [
+    header = ["run", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification",
+              "round / plain step", "verification forward / one-token forward"] + [
         f"acceptance t+{j + 2}" for j in range(depth)]
     lines = [f"Command: `{command}`", "",
              f"Greedy decoding, {settings['prompts']} prompts of {settings['prompt_tokens']} tokens from the built-in "
@@ -133,9 +160,14 @@ def write(results: list[dict], args, command: str) -> None:
         name = "/".join(Path(r["run"]).parts[-2:])
         rates = [f"{a:.1%}" if a is not None else "" for a in r["acceptance"]] + [""] * (depth - len(r["acceptance"]))
         lines.append(f"| {name} | {r['tokens_per_s']['plain']:.1f} | {r['tokens_per_s']['mtp']:.1f} | "
-                     f"{r['speed_up']:.2f}x | {r['tokens_per_round']:.2f} | " + " | ".join(rates) + " |")
+                     f"{r['speed_up']:.2f}x | {r['tokens_per_round']:.2f} | {r['round_in_steps']:.2f} | "
+                     f"{r['verify_forward_in_steps']:.2f} | " + " | ".join(rates) + " |")
     lines += ["", "Acceptance at t+j: the share of rounds that proposed a draft for token t+j in which it was kept "
-              "(with every draft before it); a verification adds the kept drafts and one token of its own."]
+              "(with every draft before it); a verification adds the kept drafts and one token of its own. "
+              "Round / plain step: the time of one drafting-and-verification round over a plain greedy step's "
+              "(the speed-up is tokens per verification over it); verification forward / one-token forward: "
+              "the model's forward over D + 1 new tokens after the prompt's cache over its forward over one "
+              "(medians of alternating calls on the first prompt)."]
     (out / "speed.md").write_text("\n".join(lines) + "\n")
 
 
