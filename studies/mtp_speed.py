@@ -95,6 +95,28 @@ def timed_call(fn, device) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+@torch.no_grad()
+def text_agreement(model, texts: list[torch.Tensor]) -> list[float]:
+    """Per depth k, the share of positions t of the corpus's own texts where depth k's argmax (token
+    t + k + 1, every token ahead the text's own: teacher-forced) is the next-token head's argmax for
+    the same token (at position t + k): the acceptance drafting would see on such text."""
+    from hf_outheads import HeadInputs
+
+    head, embeddings = model.head, model.output_embedding_matrix()
+    agree, total = [0] * len(head.predictors), [0] * len(head.predictors)
+    for ids in texts:
+        hidden = model.backbone(input_ids=ids).last_hidden_state * model.config.hidden_scale
+        main = head.shared(HeadInputs(hidden, embeddings)).logits.argmax(-1)
+        tokens = torch.cat([ids[:, 1:], ids.new_full((ids.shape[0], 1), -100)], dim=1)
+        for k, state in head.future_states(hidden, embeddings, tokens):
+            drafts = head.shared(HeadInputs(head.predictors[k - 1].norm(state), embeddings)).logits.argmax(-1)
+            positions = ids.shape[1] - k - 1
+            if positions > 0:
+                agree[k - 1] += int((drafts[:, :positions] == main[:, k : k + positions]).sum())
+                total[k - 1] += positions * ids.shape[0]
+    return [a / t if t else None for a, t in zip(agree, total)]
+
+
 def measure(run: Path, args) -> dict:
     """One model: per-method tokens/s (paired, alternating), the ratio, and the drafts' acceptance."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,6 +130,7 @@ def measure(run: Path, args) -> dict:
     times = {"plain": [], "mtp": []}
     tokens = 0
     chosen = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens)]
+    texts = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens + args.new_tokens)]
     for prompt in chosen[:2]:  # warm-up, not timed
         model.generate(prompt, **options), model.generate(prompt, use_mtp=True, **options)
     for prompt in chosen:
@@ -130,7 +153,7 @@ def measure(run: Path, args) -> dict:
     return {"run": str(run), "head_options": model.config.head_options, "prompts": len(chosen), "tokens": tokens,
             "tokens_per_s": speed, "speed_up": speed["mtp"] / speed["plain"],
             "acceptance": counts.acceptance(), "tokens_per_round": counts.tokens / max(counts.rounds, 1),
-            "draft_counts": vars(counts),
+            "draft_counts": vars(counts), "text_agreement": text_agreement(model, texts),
             # a round's cost in plain greedy steps: what the drafts must pay for
             "round_in_steps": speed["plain"] * counts.tokens / max(counts.rounds, 1) / speed["mtp"],
             "verify_forward_in_steps": costs[depth + 1] / costs[1]}
@@ -149,7 +172,7 @@ def write(results: list[dict], args, command: str) -> None:
     depth = max(len(r["acceptance"]) for r in results)
     header = ["run", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification",
               "round / plain step", "verification forward / one-token forward"] + [
-        f"acceptance t+{j + 2}" for j in range(depth)]
+        f"acceptance t+{j + 2}" for j in range(depth)] + [f"agreement on the text, t+{j + 2}" for j in range(depth)]
     lines = [f"Command: `{command}`", "",
              f"Greedy decoding, {settings['prompts']} prompts of {settings['prompt_tokens']} tokens from the built-in "
              f"corpus's validation split, up to {settings['new_tokens']} new tokens, {settings['repeats']} alternating "
@@ -158,7 +181,9 @@ def write(results: list[dict], args, command: str) -> None:
              "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in results:
         name = "/".join(Path(r["run"]).parts[-2:])
-        rates = [f"{a:.1%}" if a is not None else "" for a in r["acceptance"]] + [""] * (depth - len(r["acceptance"]))
+        pad = [""] * (depth - len(r["acceptance"]))
+        rates = [f"{a:.1%}" if a is not None else "" for a in r["acceptance"]] + pad
+        rates += [f"{a:.1%}" if a is not None else "" for a in r["text_agreement"]] + pad
         lines.append(f"| {name} | {r['tokens_per_s']['plain']:.1f} | {r['tokens_per_s']['mtp']:.1f} | "
                      f"{r['speed_up']:.2f}x | {r['tokens_per_round']:.2f} | {r['round_in_steps']:.2f} | "
                      f"{r['verify_forward_in_steps']:.2f} | " + " | ".join(rates) + " |")
@@ -167,7 +192,10 @@ def write(results: list[dict], args, command: str) -> None:
               "Round / plain step: the time of one drafting-and-verification round over a plain greedy step's "
               "(the speed-up is tokens per verification over it); verification forward / one-token forward: "
               "the model's forward over D + 1 new tokens after the prompt's cache over its forward over one "
-              "(medians of alternating calls on the first prompt)."]
+              "(medians of alternating calls on the first prompt). Agreement on the text: over the same prompts' "
+              "texts (prompt and new-token lengths), the share of positions where the predictor's argmax for token "
+              "t+j, every token ahead the text's own (teacher-forced), is the next-token head's argmax for that "
+              "token: the acceptance drafting would see on the corpus's own text rather than on greedy output."]
     (out / "speed.md").write_text("\n".join(lines) + "\n")
 
 
