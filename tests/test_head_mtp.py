@@ -315,3 +315,37 @@ def test_window_step_averages_the_named_terms_over_the_window():
         assert value == pytest.approx((want[0][name] + want[1][name]).item() / 2, rel=1e-5)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_forward_flops_match_torch_counter_with_labels(form):
+    """`forward_flops` counts the training forward: the shared head once per depth, every predictor's
+    matrix products. torch's counter sees everything but the fused chunked loss's products of the
+    future depths (one `n x d x |V|` product each, added here) and, on a CPU, attention scores
+    (which `forward_flops` leaves out too)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = mtp_model("gpt2", form, num_future=2)
+    ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(0))
+    inputs = HeadInputs(hidden=torch.randn(2, 10, 32), embeddings=model.output_embedding_matrix(), token_ids=ids)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model.head(inputs, ids)
+    fused = 2 * (2 * 20 * 32 * VOCAB)
+    assert counter.get_total_flops() + fused == model.head.forward_flops(20)
+    assert model.head.forward_flops(20) > 3 * model.head.shared.forward_flops(20)  # the predictors count
+
+
+def test_short_sequences_and_ignored_labels_stay_finite():
+    """Sequences no longer than the future depth, and batches whose labels are all ignored: finite losses
+    and gradients (a depth without labels adds 0); a one-token prompt drafts and decodes as plain greedy."""
+    model = mtp_model(num_future=3).train()
+    for ids, labels in [(torch.tensor([[5, 6]]), torch.tensor([[5, 6]])),
+                        (torch.tensor([[5, 6, 7, 8]]), torch.full((1, 4), -100))]:
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        assert torch.isfinite(out.loss) and all(torch.isfinite(v) for v in out.aux_terms.values())
+        assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    model.eval()
+    prompt = torch.tensor([[7]])
+    assert torch.equal(model.generate(prompt, max_new_tokens=8, do_sample=False, use_mtp=True),
+                       model.generate(prompt, max_new_tokens=8, do_sample=False))
