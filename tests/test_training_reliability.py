@@ -22,7 +22,7 @@ from tiny import tiny_config
 from training import checkpoints
 from training.evaluation import evaluate_perplexity
 from training.launching import has_accelerator
-from training.loop import window_step
+from training.loop import NonFiniteWatch, window_step
 from training.options import TrainOptions, check_values, parse_options
 from training.train import training_function
 
@@ -118,8 +118,8 @@ def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
     options = SimpleNamespace(task="causal_lm", max_grad_norm=None)
     optimizer.zero_grad = lambda: None  # keep the window's gradients to compare
     window = [{"input_ids": ids[:2], "labels": labels[:2]}, {"input_ids": ids[2:], "labels": labels[2:]}]
-    loss, _ = window_step(accelerator, model, optimizer, scheduler, window, options)
-    assert loss == pytest.approx(model(input_ids=ids, labels=labels).loss.item(), rel=1e-5)
+    loss, _ = window_step(accelerator, model, optimizer, scheduler, window, options, NonFiniteWatch(accelerator.device))
+    assert float(loss) == pytest.approx(model(input_ids=ids, labels=labels).loss.item(), rel=1e-5)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, expected[name], msg=name)
 
@@ -145,7 +145,8 @@ def test_micro_batches_accumulated_through_accelerate_train_as_one_batch_as_larg
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         window = [{"input_ids": i, "labels": l} for i, l in zip(ids.split(8 // accumulation), labels.split(8 // accumulation))]
-        losses = [window_step(accelerator, model, optimizer, scheduler, window, options)[0] for _ in range(2)]
+        watch = NonFiniteWatch(accelerator.device)
+        losses = [float(window_step(accelerator, model, optimizer, scheduler, window, options, watch)[0]) for _ in range(2)]
         runs[accumulation] = losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
     (one, one_state), (four, four_state) = runs[1], runs[4]
     assert four == pytest.approx(one, abs=1e-5) and one[1] != one[0]

@@ -26,6 +26,7 @@ def parse_args(argv=None):
 if __name__ == "__main__":  # a wrong option is refused before the imports below, which take seconds
     OPTIONS = parse_args()
 
+import contextlib
 import math
 import os
 import shutil
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, get_scheduler
 
@@ -89,9 +90,9 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
     return train_dl, eval_dl, gen_dl, (None if streaming else len(validation))
 
 
-def make_optimizer(model, options):
-    """AdamW; no weight decay on 1-d parameters (biases, norms); the head's own parameters
-    (not the shared embedding E) at `head_learning_rate` when it is set."""
+def make_optimizer(model, options, fused: bool = False):
+    """AdamW (torch's fused kernel when `fused`); no weight decay on 1-d parameters (biases, norms);
+    the head's own parameters (not the shared embedding E) at `head_learning_rate` when it is set."""
     head = {id(p) for p in model.head.parameters()}
     groups = []
     for in_head, lr in ((False, options.learning_rate), (True, options.head_learning_rate or options.learning_rate)):
@@ -100,7 +101,8 @@ def make_optimizer(model, options):
                       if p.requires_grad and (id(p) in head) == in_head and (p.ndim >= 2) == matrix]
             if params:
                 groups.append({"params": params, "weight_decay": decay, "lr": lr})
-    return torch.optim.AdamW(groups, lr=options.learning_rate, betas=(options.adam_beta1, options.adam_beta2))
+    return torch.optim.AdamW(groups, lr=options.learning_rate, betas=(options.adam_beta1, options.adam_beta2),
+                             fused=fused or None)
 
 
 def total_steps(options, train_dl) -> int:
@@ -140,6 +142,9 @@ def accelerator_for(options) -> Accelerator:
     )
     try:
         check_sharding(accelerator)
+        if options.torch_compile and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            raise ValueError(f"torch_compile is not supported with {accelerator.distributed_type.value} here: launch "
+                             "without --torch_compile, or without the sharding config.")
         if accelerator.gradient_accumulation_steps != options.gradient_accumulation_steps:
             raise ValueError(f"The accelerate config sets gradient_accumulation_steps to "
                              f"{accelerator.gradient_accumulation_steps}, this run's options to "
@@ -206,9 +211,10 @@ class PreparedRun:
 
 def prepare_run(options) -> PreparedRun:
     """Accelerator, data, tokenizer, model, optimizer and schedule, prepared; resumed from the
-    latest checkpoint when there is one."""
+    latest checkpoint when there is one. fp32 matrix products may use TF32 on a GPU."""
     os.makedirs(options.output_dir, exist_ok=True)
     accelerator = accelerator_for(options)
+    torch.backends.cuda.matmul.allow_tf32 = True  # (the legacy switch: inductor reads the precision through it)
     if accelerator.is_main_process:  # before anything in output_dir is written or removed
         lock_output_dir(options.output_dir)
     set_seed(options.seed)
@@ -226,7 +232,10 @@ def prepare_run(options) -> PreparedRun:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if options.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    counts, optimizer = parameter_counts(model), make_optimizer(model, options)
+    if options.torch_compile:
+        model.compile()  # in place: the same parameters, state-dict keys and save_pretrained
+    fused = accelerator.device.type == "cuda" and accelerator.distributed_type != DistributedType.DEEPSPEED
+    counts, optimizer = parameter_counts(model), make_optimizer(model, options, fused)
     counts["train_flops_per_step"] = step_flops(model, options, accelerator.num_processes)
     model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
     max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
@@ -245,6 +254,14 @@ def prepare_run(options) -> PreparedRun:
                        scheduler=scheduler, train_dl=train_dl, eval_dl=eval_dl, gen_dl=gen_dl,
                        validation_split=validation_split, n_validation=n_validation, counts=counts, word_counts=word_counts,
                        max_steps=max_steps, progress=progress, log=log)
+
+
+def eager(options):
+    """Where a compiled run (`torch_compile`) evaluates and generates: eagerly, so that evaluation
+    batches and every generation length cost no compilation (`torch.compiler.set_stance`, torch >= 2.6)."""
+    if options.torch_compile and hasattr(torch.compiler, "set_stance"):
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
 
 
 def final_results(run, step_times) -> dict:
@@ -289,8 +306,9 @@ def run_training(options) -> dict:
     accelerator = run.accelerator
 
     def evaluate():
-        return {**evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options),
-                "train_flops": run.progress.step * run.counts["train_flops_per_step"]}
+        with eager(options):
+            results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
+        return {**results, "train_flops": run.progress.step * run.counts["train_flops_per_step"]}
 
     def save():
         save_checkpoint(accelerator, run.model, options.output_dir, vars(run.progress), options.save_total_limit)
@@ -303,7 +321,8 @@ def run_training(options) -> dict:
                           "to resume and finish.")
         accelerator.end_training()
         return {"interrupted": True, "step": run.progress.step}
-    results = final_results(run, step_times)
+    with eager(options):
+        results = final_results(run, step_times)
     results["train_flops"] = run.progress.step * run.counts["train_flops_per_step"]
     run.log.log({"event": "final", "train_seconds": sum(step_times),
                  **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt", "sample_max_new_tokens")}}, run.progress.step)
