@@ -111,7 +111,7 @@ else
           --no-generate)
     LOSS=(--device cuda --vocab 32000,128000 --positions 8192 --dim 2048 --reps 5)
     TRAIN=(--model_preset gpt2-small --block_size 1024 --tokenizer "$ROOT/data/scale_corpus" --per_device_train_batch_size 16
-           --max_steps 40 --logging_steps 10 --max_eval_samples 64 --sample_max_new_tokens 8 --mixed_precision bf16)
+           --max_steps 30 --logging_steps 10 --max_eval_samples 32 --sample_max_new_tokens 8 --mixed_precision bf16)
     CORPUS=$ROOT/data/scale_corpus
     SCALE=()
     SCALE_S=370  # the scale part's seconds from its start to the queue's end (the call's limit is 600)
@@ -129,7 +129,7 @@ part_bench() {  # correctness on CUDA, then issue 40's measurements, then train.
     done
     step "GPT-2-small shape against tied" 60 $PY -m benchmarks.bench_heads --heads tied-own,sigsoftmax,mos "${GPT2[@]}" \
         --out "$OUT/heads_gpt2small.md"
-    step "train.py compiled, tied, GPT-2-small shape" 110 $PY -m training.train --config training/configs/quickstart_lm.yaml \
+    step "train.py compiled, tied, GPT-2-small shape" 120 $PY -m training.train --config training/configs/quickstart_lm.yaml \
         --torch_compile true --save_steps 100000 --resume never --output_dir "$SCRATCH/train" "${TRAIN[@]}" \
         >"$OUT/train.log" 2>&1
     tail -n 5 "$OUT/train.log"
