@@ -47,7 +47,8 @@ from training.options import head_spec
 
 RUNS_FILE = "scale_runs.jsonl"
 RESULTS = Path(__file__).parent / "results" / "scale_gpt2small"  # the committed runs: the queue's state
-CHECK_STEP = 10  # the step after which a head's end is predicted again (--budget_s)
+WARM_STEP, CHECK_STEP = 5, 15  # steps up to WARM_STEP compile (and may recompile): rates are timed after it;
+# at CHECK_STEP a run's end is predicted again (--budget_s)
 SECOND_SEED_WITHIN = 0.03  # a second seed for a run whose perplexity is within 3% of the best plain head's
 FIRST_RUN_OVERHEAD_S = 120  # compilation and the first step, before any run on this device measured them
 
@@ -114,7 +115,7 @@ def predicted_seconds(flops: float, evaluations: int, eval_flops: float, runs: l
     if not runs:
         return None
     rate = min(run["achieved_tflops"] for run in runs) * 1e12
-    overhead = max(run["first_step_s"] for run in runs)
+    overhead = max(run.get("warm_up_s", run["first_step_s"]) for run in runs)
     return overhead + flops / rate + evaluations * eval_flops / 3 / rate  # an evaluation: forwards only
 
 
@@ -156,7 +157,7 @@ def train_head(name: str, cfg: dict, data: dict, device, deadline: float | None 
         model.head.begin_periodic_updates()
     order = torch.from_numpy(block_order(len(data["train"]), steps, batch, cfg["seed"])).to(device)
     evals = {round(steps * (k + 1) / cfg["evaluations"]) for k in range(cfg["evaluations"])}
-    curve, train_s, first_step_s = [], 0.0, None
+    curve, train_s, first_step_s, warm = [], 0.0, None, (1, 0.0)
     print(f"=== {name} (seed {seed}): {head} {given}, {steps} steps of {batch} x {block} tokens, "
           f"{per_step * steps:.3g} FLOPs, loss: {loss_path}"
           + (f", predicted {predicted:.0f} s" if predicted is not None else ""), flush=True)
@@ -171,13 +172,14 @@ def train_head(name: str, cfg: dict, data: dict, device, deadline: float | None 
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if step == 1:
+        if step in (1, min(WARM_STEP, steps), min(CHECK_STEP, steps)):
             synchronize(device)
-            first_step_s = time.perf_counter() - start
-        if deadline is not None and step == min(CHECK_STEP, steps):
-            synchronize(device)
+            elapsed = train_s + time.perf_counter() - start  # training seconds so far
+            first_step_s = elapsed if step == 1 else first_step_s
+            warm = (step, elapsed) if step == min(WARM_STEP, steps) else warm
+        if deadline is not None and step == min(CHECK_STEP, steps) > warm[0]:
             now = time.perf_counter()
-            step_s = (now - start - first_step_s) / max(step - 1, 1)
+            step_s = (elapsed - warm[1]) / (step - warm[0])
             evaluation_s = step_s * len(data["validation"][: cfg.get("eval_blocks")]) / batch / 2  # a forward, no backward
             end = now + step_s * (steps - step) * 1.03 + evaluation_s * len(evals) + 15  # + the tables
             if end > deadline:
@@ -198,12 +200,13 @@ def train_head(name: str, cfg: dict, data: dict, device, deadline: float | None 
             synchronize(device)
             start = time.perf_counter()
     tokens = steps * batch * block
-    steady = (train_s - first_step_s) / max(steps - 1, 1)
+    steady = (train_s - warm[1]) / (steps - warm[0]) if steps > warm[0] else (train_s - first_step_s) / max(steps - 1, 1)
     return {
         "name": name, "head": head, "head_options": options, "seed": seed, **result,
         "parameters": sum(p.numel() for p in model.parameters()),
         "head_parameters": sum(p.numel() for p in model.head.parameters()),
         "train_steps": steps, "train_tokens": tokens, "train_seconds": train_s, "first_step_s": first_step_s,
+        "warm_up_s": warm[1], "warm_up_steps": warm[0],
         "train_step_time_s": steady, "tokens_per_s": batch * block / steady,
         "train_flops_per_step": per_step, "train_flops": per_step * steps,
         "achieved_tflops": per_step / steady / 1e12, "peak_tflops": peak,
@@ -307,7 +310,7 @@ def tabulate(paths, out: Path, command: str) -> None:
     rows = write_results(out, f"{trained_by} && {command}", sorted({run["seed"] for run in runs}), runs, plot=False)
     best = next((row["name"] for row in rows if row.get("eval_perplexity_vs_best_plain") == 0.0
                  and row.get("head") in ("tied", "linear")), None)
-    text = ("\nSpeed (training steps after the first, evaluation excluded):\n\n" + speed_table(runs) + "\n\n"
+    text = (f"\nSpeed (training steps after the first {WARM_STEP}, which compile, evaluation excluded):\n\n" + speed_table(runs) + "\n\n"
             + equal_time_table(runs, best) + "\n")
     with (out / "results.md").open("a") as results:
         results.write(text)

@@ -97,7 +97,7 @@ class NonFiniteWatch:
         if value is None:  # a gradient norm DeepSpeed does not return
             return
         value = torch.as_tensor(value, device=self.first.device).detach().float()
-        new = torch.stack([value.new_tensor(self.step), value.new_tensor(self.WHAT.index(what)), value])
+        new = torch.stack([value.new_full((), self.step), value.new_full((), self.WHAT.index(what)), value])  # no copy from the host
         self.first.copy_(torch.where((self.first[0] == 0) & ~value.isfinite(), new, self.first))
 
     def check(self) -> None:
