@@ -1,35 +1,37 @@
 #!/usr/bin/env bash
-# All of the GPU work, sized to a lent GPU's window (15 minutes of device time in all, the machine's
-# start included; one command at most 10 minutes): two calls, each of at most about 4.5 and 6.5 minutes.
+# The GPU work, sized to a lent GPU's window (15 minutes of device time in all, the machine's start
+# included; one command at most 10 minutes). One command per window continues the scale comparison:
 #
 #   benchmarks/gpu_wheels.sh                           # here: the wheels the GPU image lacks, into .whl/
 #   python -m studies.scale_corpus data/scale_corpus   # here: the packed corpus of the scale comparison
-#   benchmarks/gpu_run.sh "$OUT" --part bench          # there, carrying .whl and data/scale_corpus (about 4.5 min):
-#                                                      #   CUDA tests, the fused losses against their peers, every
-#                                                      #   loss path against tied (|V| 32K and 128K, and at GPT-2-small
-#                                                      #   shape), train.py compiled at GPT-2-small shape
-#   benchmarks/gpu_run.sh "$OUT" --part scale          # there (about 6.5 min): the next runs of the scale queue
+#   benchmarks/gpu_run.sh "$OUT"                       # there, carrying .whl and data/scale_corpus (about 9 min):
+#                                                      #   the next runs of the scale queue (studies/scale_heads.py)
 #   cp -r OUT/scale/. studies/results/scale_gpt2small/ # here: the queue's state and tables, committed
 #
-# Whoever holds a GPU runs the same two commands; the second continues the queue from the committed
-# runs (studies/scale_heads.py), so each lease adds runs until the comparison is complete.
-# Files written into OUT (a call returns at most 8): bench: bench.log, loss.md, heads_32000.md,
-# heads_128000.md, heads_gpt2small.md, train.log; scale: scale.log, scale/{scale_runs.jsonl,results.md,
-# results.json}. Each step has a time limit, and the scale queue a budget (the part's seconds less what
-# it has used), so that each part ends in time; a step that fails is logged and the part goes on; the
-# exit status is the number of failed steps.
+#   benchmarks/gpu_run.sh "$OUT" --part bench          # there, when the kernels change (about 7 min): CUDA tests,
+#                                                      #   the fused losses against their peers, every loss path
+#                                                      #   against tied (|V| 32K and 128K, and at GPT-2-small shape),
+#                                                      #   train.py compiled at GPT-2-small shape
 #
-# --tiny: both parts end to end on a CPU in minutes (tests/test_gpu_run.py runs it in CI). It proves
-# the wiring, not the GPU: the CUDA tests are collected and skipped, the benchmarks run in fp32 at tiny
-# sizes (liger and cut-cross-entropy listed as not runnable), train.py runs compiled at a tiny size, and
-# the scale queue trains every head, compiled, as a 1-layer model on a corpus packed from the Python
-# standard library's docstrings.
+# Whoever holds a GPU runs the same command; it continues the queue from the committed runs, so each
+# lease adds runs until the comparison is complete (a run predicted to overrun the budget is left for
+# the next lease). Files written into OUT (a call returns at most 8): scale: scale.log,
+# scale/{scale_runs.jsonl,results.md,results.json}; bench: bench.log, loss.md, heads_32000.md,
+# heads_128000.md, heads_gpt2small.md, train.log. Each step has a time limit, and the scale queue a
+# budget (the part's seconds less what it has used), so that each part ends in time; a step that fails
+# is logged and the part goes on; the exit status is the number of failed steps.
+#
+# --tiny (with --part all): both parts end to end on a CPU in minutes (tests/test_gpu_run.py runs it in
+# CI). It proves the wiring, not the GPU: the CUDA tests are collected and skipped, the benchmarks run in
+# fp32 at tiny sizes (liger and cut-cross-entropy listed as not runnable), train.py runs compiled at a
+# tiny size, and the scale queue trains every head, compiled, as a 1-layer model on a corpus packed from
+# the Python standard library's docstrings.
 set -uo pipefail
-usage="usage: benchmarks/gpu_run.sh OUTDIR [--part bench|scale|all] [--tiny]"
+usage="usage: benchmarks/gpu_run.sh OUTDIR [--part scale|bench|all] [--tiny]"
 [ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "cannot create $1" >&2; exit 2; }
 shift
-PART=all TINY=0
+PART=scale TINY=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --part) PART=${2:-}; shift 2 ;;
@@ -51,7 +53,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit (x LIMIT_SCALE),
     echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
     local start=$SECONDS
     timeout --kill-after=10 "$limit" "$@"
-    echo "=== $name: exit $? after $((SECONDS - start)) s"
+    local rc=$?
+    echo  # (a command's last line may lack its newline: the exit line starts a line, which the count below reads)
+    echo "=== $name: exit $rc after $((SECONDS - start)) s"
 }
 
 install_wheels() {  # the device README's command: wheels into /tmp/site, ahead of the image's packages
@@ -112,13 +116,13 @@ else
     LOSS=(--device cuda --vocab 32000,128000 --positions 8192 --dim 2048 --reps 5)
     TRAIN=(--model_preset gpt2-small --block_size 1024 --tokenizer "$ROOT/data/scale_corpus" --per_device_train_batch_size 16
            --max_steps 30 --logging_steps 10 --max_eval_samples 32 --sample_max_new_tokens 8 --mixed_precision bf16)
-    CORPUS=$ROOT/data/scale_corpus
+    CORPUS=data/scale_corpus  # (relative: the runs record their command)
     SCALE=()
-    SCALE_S=330  # the scale part's seconds from its start to the queue's end (a window's second call: ~6 minutes)
+    SCALE_S=520  # the scale part's seconds from its start to the queue's end (the call's limit is 600)
 fi
 
 part_bench() {  # correctness on CUDA, then issue 40's measurements, then train.py's speed (issue 39)
-    step "CUDA tests" 100 $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}"
+    step "CUDA tests" 150 $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}"
     step "fused loss against its peers" 60 $PY -m benchmarks.bench_gpu "${LOSS[@]}" --out "$OUT/loss.md"
     local vocab heads
     heads=tied-own,$($PY -c "from hf_outheads import HEAD_CLASSES; print(','.join(HEAD_CLASSES))")
@@ -155,7 +159,7 @@ part_scale() {  # the next runs of the scale queue that fit the part's budget
     fi
     local budget=()
     [ -n "$SCALE_S" ] && budget=(--budget_s $((SCALE_S - (SECONDS - PART_START))))
-    step "scale queue" 560 $PY -m studies.scale_heads --data "$CORPUS" --out "$OUT/scale" --device $DEVICE \
+    step "scale queue" 580 $PY -m studies.scale_heads --data "$CORPUS" --out "$OUT/scale" --device $DEVICE \
         "${budget[@]}" "${SCALE[@]}"
 }
 

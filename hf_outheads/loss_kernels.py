@@ -25,10 +25,10 @@ import importlib.util
 import torch
 
 PEER_KERNELS = ("liger", "cce", "torch")
-# device type -> ((largest |V| the row applies to, None: any), kernels fastest first). CUDA: measured on one
-# NVIDIA H100 80GB HBM3 (bf16, d = 2,048, N = 8,192; benchmarks/README.md): Liger fastest at 32K (6.8 ms against
-# CCE's 10.3 ms), CCE at 128K (24.7 ms against Liger's 34.0 ms). torch's F.linear_cross_entropy was not measured
-# on a GPU (torch 2.11 there has none): after "own". CPU: torch's chunked loss, else the own one.
+# device type -> ((largest |V| the row applies to, None: any), kernels, first choice first). CUDA: from the
+# comparison on one NVIDIA H100 80GB HBM3 (benchmarks/results/h100/loss.md; benchmarks/README.md): Liger the
+# fastest peer at 32K, CCE at 128K; the own kernels as fast or faster but with 3-3.6x the leanest peer's memory, so
+# after the peers; torch's F.linear_cross_entropy not measured on a GPU (torch 2.11 there has none). CPU: torch's.
 KERNEL_ORDER: dict[str, tuple[tuple[int | None, tuple[str, ...]], ...]] = {
     "cuda": ((65536, ("liger", "cce", "own", "torch")), (None, ("cce", "liger", "own", "torch"))),
     "cpu": ((None, ("torch", "own")),),

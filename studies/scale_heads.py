@@ -274,23 +274,27 @@ def speed_table(runs: list[dict]) -> str:
 
 
 def equal_time_table(runs: list[dict], best: str | None) -> str:
-    """Each run's validation perplexity at the smallest training time of any run (its curve
-    interpolated, `comparison_tables.at_flops` on `train_seconds`), against the best plain head's."""
+    """Each run's validation perplexity at the shortest training time of any run, against the best
+    plain head's: a run's time at step k is k steady steps (`train_step_time_s`; compilation, which
+    a later run of a call mostly finds cached, left out), its curve interpolated there
+    (`comparison_tables.at_flops` on that time)."""
     from studies.comparison_tables import at_flops
 
     if best is None:
         return ""
-    budget = min(run["train_seconds"] for run in runs)
+    timed = [dict(run, curve=[dict(point, steady_seconds=point["step"] * run["train_step_time_s"])
+                              for point in run["curve"]]) for run in runs]
+    budget = min(run["train_steps"] * run["train_step_time_s"] for run in runs)
     at = {}
-    for run in runs:
-        value = at_flops(run, "eval_perplexity", budget, key="train_seconds")
+    for run in timed:
+        value = at_flops(run, "eval_perplexity", budget, key="steady_seconds")
         if value is not None:
             at.setdefault(run["name"], []).append(value)
     if best not in at:
         return ""
     base = sum(at[best]) / len(at[best])
-    lines = [f"Equal wall time: each run's curve interpolated at {budget:.0f} s of training, the shortest run's "
-             "(a run whose first evaluation came later has no value).", "",
+    lines = [f"Equal wall time: each run's curve interpolated at {budget:.0f} s of training at its steady step time, "
+             "the shortest run's (a run whose first evaluation came later has no value).", "",
              "| run | val. perplexity at equal time | vs best plain at equal time |", "| --- | --- | --- |"]
     for name in dict.fromkeys(run["name"] for run in runs):
         if name in at:
@@ -317,6 +321,17 @@ def tabulate(paths, out: Path, command: str) -> None:
     print(text)
 
 
+def portable(arg: str) -> str:
+    """A command-line argument as recorded in the results: an absolute path relative to the current
+    folder when inside it, else `OUT` (no machine's paths in committed files)."""
+    if not arg.startswith("/"):
+        return arg
+    try:
+        return str(Path(arg).relative_to(Path.cwd()))
+    except ValueError:
+        return "OUT"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path(__file__).parent / "configs" / "scale_gpt2small.yaml")
@@ -331,7 +346,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="RUNS_JSONL", help="only tabulate these runs")
     args = parser.parse_args(argv)
-    command = "python -m studies.scale_heads " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m studies.scale_heads " + shlex.join(map(portable, sys.argv[1:] if argv is None else argv))
     if args.tabulate:
         return tabulate(args.tabulate, args.out, command)
     if args.data is None:

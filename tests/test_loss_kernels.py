@@ -1,5 +1,6 @@
-"""The fused losses' GPU kernels, checked on a CPU: the Triton kernels of `softmax_kernels` in
-Triton's interpreter (`TRITON_INTERPRET=1`), the mixture / sigsoftmax / single-softmax losses
+"""The fused losses' GPU kernels, checked on a CPU (and on a GPU where there is one): the Triton
+kernels of `softmax_kernels` in Triton's interpreter (`TRITON_INTERPRET=1`) on a CPU, compiled on a
+GPU, the mixture / sigsoftmax / single-softmax losses
 through them against the torch path (fp32 to 1e-5, bf16 to bf16 tolerance), cut-cross-entropy
 through its pure-torch reference path (the bias folded into the product), the Liger adapter's
 argument order, and the choice of kernel with the peers present and absent. (Liger-Kernel runs on
@@ -28,6 +29,11 @@ from test_fused_losses import fused_loss, grads, mixture_problem  # noqa: E402
 
 BF16 = dict(rtol=2e-2, atol=2e-2)
 HAS_CCE = importlib.util.find_spec("cut_cross_entropy") is not None
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the kernels run
+
+
+def on_device(params, labels):
+    return [None if p is None else p.detach().to(DEVICE).requires_grad_() for p in params], labels.to(DEVICE)
 
 
 def torch_reference(z, bias, labels, sigsoftmax):
@@ -44,10 +50,10 @@ def torch_reference(z, bias, labels, sigsoftmax):
 def test_kernels_equal_the_torch_statistics_and_gradient(dtype, sigsoftmax, with_bias):
     g = torch.Generator().manual_seed(0)
     vocab = 300  # not a power of two: the last block of a row is masked
-    z = (3 * torch.randn(6, vocab, generator=g)).to(dtype)
-    bias = torch.randn(vocab, generator=g) if with_bias else None
-    labels = torch.tensor([3, -1, vocab - 1, 0, 17, 150])
-    scale = torch.rand(6, generator=g) * (labels >= 0)  # an ignored row's weight is 0 (the callers')
+    z = (3 * torch.randn(6, vocab, generator=g)).to(dtype).to(DEVICE)
+    bias = torch.randn(vocab, generator=g).to(DEVICE) if with_bias else None
+    labels = torch.tensor([3, -1, vocab - 1, 0, 17, 150], device=DEVICE)
+    scale = torch.rand(6, generator=g).to(DEVICE) * (labels >= 0)  # an ignored row's weight is 0 (the callers')
     lse, target = softmax_kernels.row_stats(z, bias, labels, sigsoftmax)
     s = torch_reference(z, bias, labels, sigsoftmax)
     torch.testing.assert_close(lse, s.logsumexp(-1), rtol=1e-5, atol=1e-5)
@@ -82,6 +88,7 @@ def kernels(monkeypatch):
 def test_mixture_loss_through_the_kernels_equals_the_full_log_probs(kernels, sigsoftmax, bias):
     params, labels = mixture_problem(bias=bias)
     labels[[2, 5, 11]] = -100  # ignored rows: counted nothing, zero gradients, no host sync
+    params, labels = on_device(params, labels)
     got = fused_loss(*params, labels, chunk_rows=4, sigsoftmax=sigsoftmax)
     want = naive_loss(*params, labels, sigsoftmax=sigsoftmax)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -90,9 +97,9 @@ def test_mixture_loss_through_the_kernels_equals_the_full_log_probs(kernels, sig
 
 
 def test_mixture_loss_through_the_kernels_in_bf16(kernels):
-    params, labels = mixture_problem()
+    params, labels = on_device(*mixture_problem())
     want = naive_loss(*params, labels)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         got = fused_loss(*params, labels, chunk_rows=5)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, **BF16)
@@ -101,7 +108,7 @@ def test_mixture_loss_through_the_kernels_in_bf16(kernels):
 
 
 def test_all_ignored_rows_through_the_kernels(kernels):
-    params, labels = mixture_problem()
+    params, labels = on_device(*mixture_problem())
     loss = fused_loss(*params, torch.full_like(labels, -100), chunk_rows=4)
     assert loss.item() == 0.0
     assert all(not g.any() for g in grads(loss, params))
@@ -118,7 +125,7 @@ def single_softmax_problem(n=41, d=13, vocab=37, seed=0):
 
 
 def check_summed_loss(impl, **tolerance):
-    params, target = single_softmax_problem()
+    params, target = on_device(*single_softmax_problem())
     got = losses.linear_cross_entropy(*params[:2], target, params[2], impl=impl, reduction="sum")
     want = F.cross_entropy(F.linear(*params), target, reduction="sum")
     assert got.dtype == torch.float32 and got.shape == ()
@@ -132,6 +139,7 @@ def test_own_single_softmax_through_the_kernels(kernels):
 
 
 @pytest.mark.skipif(not HAS_CCE, reason="cut-cross-entropy is not installed (pip install cut-cross-entropy)")
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="on a GPU CCE's kernel runs in bf16: tests/test_cuda.py")
 def test_cce_with_the_bias_folded_into_the_product_equals_naive():
     """On a CPU CCE runs its own pure-torch reference (`impl="torch_compile"`), through the same adapter."""
     check_summed_loss("cce", rtol=1e-4, atol=1e-4)
