@@ -98,7 +98,7 @@ if [ $TINY -eq 1 ]; then
     GPT2=(--device cpu --backbone gpt2-tiny --vocab 512 --positions 512 --reps 1 --threads 1 --allow-busy --no-generate)
     LOSS=(--device cpu --vocab 512 --positions 256 --dim 32 --reps 1)
     TRAIN=(--model_preset gpt2-tiny --model_overrides '{"n_layer": 1, "n_embd": 32, "n_head": 2}' --block_size 32
-           --tokenizer_vocab_size 300 --per_device_train_batch_size 4 --max_steps 3 --logging_steps 1
+           --tokenizer_vocab_size 300 --per_device_train_batch_size 4 --dataloader_num_workers 1 --max_steps 3 --logging_steps 1
            --max_eval_samples 16 --sample_max_new_tokens 4 --mixed_precision no)
     CORPUS=$OUT/tiny_corpus
     SCALE=(--runs "$OUT/no_runs.jsonl" --override n_layer=1 --override n_embd=32 --override n_head=2
@@ -114,7 +114,8 @@ else
     GPT2=(--device cuda --backbone gpt2-small --vocab 32000 --positions 16384 --reps 5 --no-loss-peers --allow-busy
           --no-generate)
     LOSS=(--device cuda --vocab 32000,128000 --positions 8192 --dim 2048 --reps 5)
-    TRAIN=(--model_preset gpt2-small --block_size 1024 --tokenizer "$ROOT/data/scale_corpus" --per_device_train_batch_size 16
+    TRAIN=(--model_preset gpt2-small --block_size 1024 --tokenizer data/scale_corpus --per_device_train_batch_size 32
+           --dataloader_num_workers 4
            --max_steps 30 --logging_steps 10 --max_eval_samples 32 --sample_max_new_tokens 8 --mixed_precision bf16)
     CORPUS=data/scale_corpus  # (relative: the runs record their command)
     SCALE=()
@@ -133,7 +134,8 @@ part_bench() {  # correctness on CUDA, then issue 40's measurements, then train.
     done
     step "GPT-2-small shape against tied" 60 $PY -m benchmarks.bench_heads --heads tied-own,sigsoftmax,mos "${GPT2[@]}" \
         --out "$OUT/heads_gpt2small.md"
-    step "train.py compiled, tied, GPT-2-small shape" 120 $PY -m training.train --config training/configs/quickstart_lm.yaml \
+    TORCH_LOGS=recompiles step "train.py compiled, tied, GPT-2-small shape" 120 $PY -m training.train \
+        --config training/configs/quickstart_lm.yaml \
         --torch_compile true --save_steps 100000 --resume never --output_dir "$SCRATCH/train" "${TRAIN[@]}" \
         >"$OUT/train.log" 2>&1
     tail -n 5 "$OUT/train.log"

@@ -76,8 +76,9 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
         train, validation = data_lib.tokenised_splits(train_split, validation_split, tokenizer, options)
     collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=None)
     streaming = not hasattr(train, "__len__")
-    train_dl = DataLoader(train, shuffle=not streaming, batch_size=options.per_device_train_batch_size, collate_fn=collator)
-    eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, collate_fn=collator)
+    loading = dict(collate_fn=collator, num_workers=options.dataloader_num_workers, pin_memory=torch.cuda.is_available())
+    train_dl = DataLoader(train, shuffle=not streaming, batch_size=options.per_device_train_batch_size, **loading)
+    eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, **loading)
     gen_dl = None
     if options.generation_metrics:
         if options.task != "seq2seq":
@@ -86,7 +87,7 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
         if options.num_generation_examples is not None:
             subset = validation.take(options.num_generation_examples) if streaming else validation.select(
                 range(min(options.num_generation_examples, len(validation))))
-        gen_dl = DataLoader(subset, batch_size=options.per_device_eval_batch_size, collate_fn=collator)
+        gen_dl = DataLoader(subset, batch_size=options.per_device_eval_batch_size, **loading)
     return train_dl, eval_dl, gen_dl, (None if streaming else len(validation))
 
 
@@ -264,12 +265,23 @@ def eager(options):
     return contextlib.nullcontext()
 
 
+COMPILE_STEPS = 5  # a compiled run's first steps compile (and may recompile): left out of its step time
+
+
+def steady_step_time(step_times: list[float], options) -> float:
+    """Mean seconds of the steps after the warm-up: the first step, or with `torch_compile` the
+    first `COMPILE_STEPS` (when the run has more). A mean, not a median: no step waits for the
+    device, so a step's wall time is not its device time, but their sum is."""
+    warm = COMPILE_STEPS if options.torch_compile and len(step_times) > 2 * COMPILE_STEPS else 1
+    return sum(step_times[warm:]) / max(len(step_times) - warm, 1)
+
+
 def final_results(run, step_times) -> dict:
     options, accelerator = run.options, run.accelerator
     results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True,
                            bands=FrequencyBands(run.word_counts))
     results.update(run.counts, validation_examples=run.n_validation,
-                   train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
+                   train_step_time_s=steady_step_time(step_times, options))
     if options.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
         prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
         model = accelerator.unwrap_model(run.model)
