@@ -20,6 +20,7 @@ results in `benchmarks/README.md`); the first one installed is used.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -36,10 +37,16 @@ KERNEL_ORDER: dict[str, tuple[tuple[int | None, tuple[str, ...]], ...]] = {
 MODULES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 
 
+@functools.cache
+def installed(module: str) -> bool:
+    """Whether `module` can be imported (looked up once: a lookup costs about 0.1 ms, a step calls it)."""
+    return importlib.util.find_spec(module) is not None
+
+
 def use_triton(device: torch.device) -> bool:
     """Whether the package's fused loss runs its `|V|`-wide work as Triton kernels
     (`softmax_kernels`): on a CUDA device when Triton is installed (it comes with torch's CUDA builds)."""
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    return device.type == "cuda" and installed("triton")
 
 
 def own_path(device: torch.device) -> str:
@@ -53,7 +60,7 @@ def unavailable(kernel: str, device_type: str) -> str | None:
         has = hasattr(torch.nn.functional, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
         return None if has else f"torch {torch.__version__} has no F.linear_cross_entropy (torch >= 2.13 has)"
     if kernel in MODULES:
-        if importlib.util.find_spec(MODULES[kernel]) is None:
+        if not installed(MODULES[kernel]):
             return f"{MODULES[kernel].replace('_', '-')} is not installed (pip install \"hf_outheads[gpu]\")"
         if kernel == "liger" and device_type != "cuda":  # (CCE has a reference path for a CPU)
             return "Liger-Kernel runs on CUDA devices only"

@@ -110,6 +110,14 @@ def matmul_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype if weight.dtype in LOW_PRECISION else torch.float32
 
 
+def _mix(log_prior, log_p_y, keep):
+    """A chunk's summed NLL of the mixture, from `log pi_j` and `log p_j(y)` `(rows, K)` and the
+    kept rows, and a function giving the responsibilities `r_j = pi_j p_j(y) / p(y)` (0 on ignored rows)."""
+    joint = log_prior + log_p_y  # log pi_j + log p_j(y)
+    ll = joint.logsumexp(-1)
+    return -torch.where(keep, ll, 0).sum(), lambda: (joint - ll.unsqueeze(-1)).exp() * keep.unsqueeze(-1)
+
+
 def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, sigsoftmax=False):
     """One chunk: summed NLL; adds its gradients w.r.t. (log_prior, x, weight, bias) into the
     fp32 `grads` (the chunk's rows of the first two, None: not needed), in place. `x` and
@@ -129,13 +137,11 @@ def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, 
         scores = scores + log_sigmoid if torch.is_grad_enabled() else scores.add_(log_sigmoid)
     log_p = scores.log_softmax(-1)  # the chunk's |V|-wide tensor
     gold = labels.clamp_min(0).view(-1, 1, 1).expand(*x.shape[:2], 1)
-    joint = log_prior + log_p.gather(-1, gold).squeeze(-1)  # log pi_j + log p_j(y)
-    ll = joint.logsumexp(-1)
-    nll = -torch.where(keep, ll, 0).sum()
+    nll, resp = _mix(log_prior, log_p.gather(-1, gold).squeeze(-1), keep)
     if all(g is None for g in grads):
         return nll
     g_prior, g_x, g_weight, g_bias = grads
-    resp = (joint - ll.unsqueeze(-1)).exp() * keep.unsqueeze(-1)  # (rows, K)
+    resp = resp()
     delta = log_p.exp_().scatter_add_(-1, gold, log_p.new_full(gold.shape, -1.0))  # p_j - onehot(y)
     if sigsoftmax:  # d(z + log sigma(z))/dz = 2 - sigma(z)
         delta.mul_(log_sigmoid.exp_().neg_().add_(2.0))
@@ -193,14 +199,11 @@ def _chunk_kernels(log_prior, x, weight, bias, labels, ignore_index, grads=(None
     flat_labels = torch.where(flat_labels == ignore_index, -1, flat_labels)
     scores = torch.mm(flat_x, weight.T)  # (rows K, |V|)
     lse, target = row_stats(scores, bias, flat_labels, sigsoftmax)
-    keep = labels != ignore_index
-    joint = log_prior + (target - lse).view(rows, K)  # log pi_j + log p_j(y)
-    ll = joint.logsumexp(-1)
-    nll = -torch.where(keep, ll, 0).sum()
+    nll, resp = _mix(log_prior, (target - lse).view(rows, K), labels != ignore_index)
     if all(g is None for g in grads):
         return nll
     g_prior, g_x, g_weight, g_bias = grads
-    resp = (joint - ll.unsqueeze(-1)).exp() * keep.unsqueeze(-1)  # (rows, K)
+    resp = resp()
     if g_prior is not None:
         g_prior.sub_(resp)
     if g_x is None and g_weight is None and g_bias is None:
