@@ -6,4 +6,6 @@ os.environ["OMP_NUM_THREADS"] = "1"  # subprocesses (training runs) inherit one 
 
 import torch  # noqa: E402
 
+from downloads import pytest_configure, pytest_runtest_makereport  # noqa: E402, F401  (the `downloads` marker)
+
 torch.set_num_threads(1)  # one thread per test process: tiny models gain nothing from more

@@ -1,15 +1,28 @@
 """Train an hf_outheads model (causal LM or seq2seq) with accelerate, evaluate it and publish it.
 
-    accelerate launch -m training.train --config training/configs/quickstart_lm.yaml [--key value ...]
+    hf-outheads train --config training/configs/quickstart_lm.yaml [--key value ...]
+    accelerate launch training/train.py --config training/configs/quickstart_lm.yaml [--key value ...]
 
 The head is part of the model config (`head_type`, `head_options`): nothing here depends
-on which head it is. `python -m training.train --help` lists every option.
+on which head it is. `hf-outheads train --help` lists every option.
 """
 
 from __future__ import annotations
 
-from training.options import TrainOptions, parse_options
-from training.preflight import check_run
+if not __package__:  # run by path (`accelerate launch training/train.py`): its modules are the installed package's
+    __package__ = "hf_outheads.training"
+
+from .launching import first_process
+from .options import TrainOptions, parse_options
+from .preflight import check_run
+
+
+def refusal(error) -> SystemExit:
+    """The exit of a run that cannot go on, which every process of a launch meets alike: one line on
+    stderr and a non-zero status from the launch's first process, so a launch of N processes says it
+    once. The others end silently with status 0: torchrun ends every worker at the first failure, and
+    a failing peer could end the first process before it has said why; the launch fails with it."""
+    return SystemExit(f"train.py: error: {error}" if first_process() else 0)
 
 
 def parse_args(argv=None):
@@ -19,7 +32,7 @@ def parse_args(argv=None):
         options = parse_options(argv, description=__doc__)
         check_run(options)
     except ValueError as error:
-        raise SystemExit(f"train.py: error: {error}") from None
+        raise refusal(error) from None
     return options
 
 
@@ -36,23 +49,24 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
+from accelerate.utils import (DataLoaderConfiguration, DistributedType, ProjectConfiguration, broadcast_object_list,
+                               set_seed)
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, get_scheduler
 
 from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
-from training import data as data_lib
-from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from training.evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
-from training.launching import accelerator_settings, check_process_count, check_sharding
-from training.loop import train_loop
-from training.modeling import build_model, parameter_counts, position_limit, step_flops
-from training.publish import finish_run
-from training.safeguards import NonFiniteError, OutputDirInUse, RunLock, release_run_locks
-from training.tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer,
-                                  whole_texts)
-from training.tracking import MetricsLog, Progress, trackers
+from . import data as data_lib
+from .checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from .evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
+from .launching import accelerator_settings, check_process_count, check_sharding
+from .loop import train_loop
+from .modeling import build_model, parameter_counts, position_limit, step_flops
+from .publish import finish_run
+from .safeguards import EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work, release_run_locks
+from .tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer,
+                           whole_texts)
+from .tracking import MetricsLog, Progress, trackers
 
 
 def get_tokenizer(accelerator, options, train_split, resuming: bool):
@@ -133,7 +147,8 @@ def accelerator_for(options) -> Accelerator:
     """The Accelerator, accumulating `gradient_accumulation_steps` micro-batches per optimizer step
     (`loop.window_step`: `accelerator.accumulate`, DeepSpeed's own under DeepSpeed); several processes
     on a CPU-only machine form a CPU process group, and a launch asking for FSDP or DeepSpeed shards
-    or stops (`launching.accelerator_settings`, `launching.check_sharding`)."""
+    or stops (`launching.accelerator_settings`, `launching.check_sharding`). The output_dir is claimed
+    (`claim_output_dir`) before a tracker writes to it."""
     log_with = trackers(options.report_to)
     accelerator = Accelerator(
         mixed_precision=options.mixed_precision, log_with=log_with or None,
@@ -152,12 +167,34 @@ def accelerator_for(options) -> Accelerator:
                              f"{options.gradient_accumulation_steps}: remove it from the accelerate config (or set "
                              "both the same); train.py's option sets it.")
     except ValueError as error:
-        raise SystemExit(f"train.py: error: {error}") from None
+        raise refusal(error) from None
     check_process_count(accelerator)
+    claim_output_dir(accelerator, options)
     if log_with:
         accelerator.init_trackers("train", config={k: v for k, v in vars(options).items()
                                                    if isinstance(v, (int, float, str, bool))})
     return accelerator
+
+
+def claim_output_dir(accelerator, options) -> None:
+    """Before anything is written to output_dir: the main process makes it, takes its lock
+    (`lock_output_dir`) and checks that the run replaces nothing it was not told to replace
+    (`safeguards.earlier_work`); a refusal stops every process of the launch together."""
+    refused = None
+    if accelerator.is_main_process:
+        try:
+            os.makedirs(options.output_dir, exist_ok=True)
+            lock_output_dir(options.output_dir)
+            work = None if options.overwrite_output_dir else earlier_work(options.output_dir)
+            if work:
+                raise EarlierWork(f"{work}. Keep it with another --output_dir, or replace it with "
+                                  "--overwrite_output_dir true.")
+        except (OutputDirInUse, EarlierWork) as error:
+            refused = error
+    if accelerator.num_processes > 1:
+        refused = broadcast_object_list([refused])[0]
+    if refused is not None:
+        raise refused
 
 
 def lock_output_dir(output_dir) -> RunLock:
@@ -213,11 +250,8 @@ class PreparedRun:
 def prepare_run(options) -> PreparedRun:
     """Accelerator, data, tokenizer, model, optimizer and schedule, prepared; resumed from the
     latest checkpoint when there is one. fp32 matrix products may use TF32 on a GPU."""
-    os.makedirs(options.output_dir, exist_ok=True)
-    accelerator = accelerator_for(options)
+    accelerator = accelerator_for(options)  # claims output_dir before anything in it is written or removed
     torch.backends.cuda.matmul.allow_tf32 = True  # (the legacy switch: inductor reads the precision through it)
-    if accelerator.is_main_process:  # before anything in output_dir is written or removed
-        lock_output_dir(options.output_dir)
     set_seed(options.seed)
     checkpoint = checkpoint_to_resume(options.output_dir, options.resume)
     with accelerator.main_process_first():
@@ -365,8 +399,8 @@ def main(argv=None, options: TrainOptions | None = None):
     options = options or parse_args(argv)
     try:
         training_function(options)
-    except (NonFiniteError, OutputDirInUse) as error:  # said in full: no traceback
-        raise SystemExit(f"train.py: error: {error}") from None
+    except (NonFiniteError, OutputDirInUse, EarlierWork) as error:  # said in full: no traceback
+        raise refusal(error) from None
 
 
 if __name__ == "__main__":
