@@ -9,20 +9,17 @@ CUDA only: `tests/test_cuda.py` checks it there.)"""
 from __future__ import annotations
 
 import importlib.util
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():  # before Triton is first imported (by softmax_kernels, below)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from hf_outheads import losses, loss_kernels
 from hf_outheads.head_interface import training_mode
 
-pytest.importorskip("triton", reason="the kernels need Triton (pip install triton)")
+pytest.importorskip("triton", reason="the kernels need Triton (pip install triton); on a CPU conftest.py sets "
+                                      "TRITON_INTERPRET=1")
 from hf_outheads import softmax_kernels  # noqa: E402
 
 from test_fused_losses import fused_loss, grads, mixture_problem  # noqa: E402

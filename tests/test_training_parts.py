@@ -260,7 +260,7 @@ def test_shipped_configs_parse_and_name_valid_head_options(config):
 
     if config.name.startswith("scale_"):  # studies/scale_heads.py's own options, its variants by the same rule
         variants = yaml.safe_load(config.read_text())["head_options_by_head"]
-        assert [head_spec(name, variants).head_type for name in variants] == ["mos", "drill"]
+        assert [head_spec(name, variants).head_type for name in variants] == ["mos", "mos", "doc", "drill"]
         return
     opts = parse_options(["--config", str(config)])  # checks the chosen head's options
     for name in opts.head_options_by_head:  # every variant compare_heads.py may run from it
