@@ -111,7 +111,7 @@ else
     TESTS=(tests/test_cuda.py tests/test_loss_kernels.py)
     VOCABS=(32000 128000)  # every head of the catalog at the first, the loss paths at issue at the others
     BENCH=(--device cuda --positions 8192 --reps 5 --no-loss-peers --allow-busy --no-generate)
-    GPT2=(--device cuda --backbone gpt2-small --vocab 32000 --positions 16384 --reps 5 --no-loss-peers --allow-busy
+    GPT2=(--device cuda --backbone gpt2-small --vocab 32000,128000 --positions 16384 --reps 5 --no-loss-peers --allow-busy
           --no-generate)
     LOSS=(--device cuda --vocab 32000,128000 --positions 8192 --dim 2048 --reps 5)
     TRAIN=(--model_preset gpt2-small --block_size 1024 --tokenizer data/scale_corpus --per_device_train_batch_size 32
@@ -132,7 +132,7 @@ part_bench() {  # correctness on CUDA, then issue 40's measurements, then train.
             "${BENCH[@]}" --out "$OUT/heads_$vocab.md"
         heads=tied-own,linear,sigsoftmax,mos,doc
     done
-    step "GPT-2-small shape against tied" 60 $PY -m benchmarks.bench_heads --heads tied-own,sigsoftmax,mos "${GPT2[@]}" \
+    step "GPT-2-small shape against tied" 100 $PY -m benchmarks.bench_heads --heads tied-own,sigsoftmax,mos,doc "${GPT2[@]}" \
         --out "$OUT/heads_gpt2small.md"
     TORCH_LOGS=recompiles step "train.py compiled, tied, GPT-2-small shape" 120 $PY -m training.train \
         --config training/configs/quickstart_lm.yaml \
