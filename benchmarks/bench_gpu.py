@@ -1,11 +1,12 @@
-"""The clocks of the benchmarks (`cpu_clock`; `cuda_clock`, event timing) and the CUDA side of
-`bench_heads.py --device cuda`: allocator peak memory, and the plain head's fused loss against its
-peers.
+"""The clocks of the benchmarks (`cpu_clock`; `cuda_clock`, event timing; `bf16_peak_tflops`) and
+the CUDA side of `bench_heads.py --device cuda`: allocator peak memory, and the plain head's fused
+loss against its peers.
 
-The peers of `hf_outheads.losses.linear_cross_entropy(impl="chunked", reduction="sum")` (the
-package's fused loss of one softmax, gradient computed in forward, bf16 products on bf16
-inputs), each measured for forward + backward of the summed loss of `x (N, d)` and `W (|V|, d)`,
-both bf16:
+The package's summed loss of one softmax, `hf_outheads.losses.linear_cross_entropy(..., reduction=
+"sum")`, as a head trains with it (`impl="auto"`: the kernel `loss_kernels.KERNEL_ORDER` picks, named
+in the row) and on its own kernels (`impl="own"`: gradient computed in forward, the `|V|`-wide work
+in `softmax_kernels`), against its peers, each measured for forward + backward of the summed loss
+of `x (N, d)` and `W (|V|, d)`, both bf16:
   - `torch`: torch's own `F.linear_cross_entropy` (torch >= 2.13);
   - `liger`: Liger-Kernel's `LigerFusedLinearCrossEntropyLoss` (Triton);
   - `cce`: Apple's cut-cross-entropy `linear_cross_entropy` (Triton);
@@ -50,6 +51,19 @@ def cuda_clock(call) -> float:
     return start.elapsed_time(end) / 1000
 
 
+def bf16_peak_tflops(size: int = 8192, reps: int = 10) -> float:
+    """The device's dense bf16 rate now, TFLOP/s: a `size`-cubed bf16 matrix product, 3 warm-ups,
+    then the mean of `reps` timed products (what the MFU figures divide by; a data sheet's figure
+    is higher: 989 for an H100 SXM, where such a product measures about 800)."""
+    import torch
+
+    a, b = (torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    seconds = cuda_clock(lambda: [a @ b for _ in range(reps)]) / reps
+    return 2 * size**3 / seconds / 1e12
+
+
 def peak_mb(call) -> tuple[float, float]:
     """(peak allocated during `call()` above what was allocated before, absolute peak), MB."""
     import torch
@@ -63,15 +77,18 @@ def peak_mb(call) -> tuple[float, float]:
     return (peak - before) / 2**20, peak / 2**20
 
 
-def loss_peers() -> dict:
-    """name -> `loss(x, W, y)` (summed NLL, fp32 or bf16 scalar), or a string saying why not."""
+def loss_peers(vocab: int, device: str) -> dict:
+    """name -> `loss(x, W, y)` (summed NLL, fp32 or bf16 scalar), or a string saying why not; the
+    package's rows first (`hf_outheads (auto: <kernel>)`, `hf_outheads own`)."""
     import torch
     import torch.nn.functional as F
 
-    from hf_outheads import losses
+    from hf_outheads import losses, loss_kernels
 
+    auto = loss_kernels.fastest_kernel(device, vocab)
     peers = {
-        "hf_outheads": lambda x, w, y: losses.linear_cross_entropy(x, w, y, impl="chunked", reduction="sum"),
+        f"hf_outheads (auto: {auto})": lambda x, w, y: losses.linear_cross_entropy(x, w, y, impl="auto", reduction="sum"),
+        "hf_outheads own": lambda x, w, y: losses.linear_cross_entropy(x, w, y, impl="own", reduction="sum"),
         "naive": lambda x, w, y: F.cross_entropy(F.linear(x, w).float(), y, reduction="sum"),
     }
     if losses.has_torch_linear_cross_entropy():
@@ -126,7 +143,7 @@ def loss_rows(vocab: int, positions: int, dim: int, reps: int, device: str = "cu
     import torch
 
     results = {}
-    for name, loss in loss_peers().items():
+    for name, loss in loss_peers(vocab, device).items():
         if isinstance(loss, str):
             results[name] = {"note": loss}
             continue
@@ -137,8 +154,9 @@ def loss_rows(vocab: int, positions: int, dim: int, reps: int, device: str = "cu
         if device == "cuda":
             torch.cuda.empty_cache()
     timed = {name: r for name, r in results.items() if "time_s" in r}
-    fastest = min((r["time_s"] for name, r in timed.items() if name != "hf_outheads"), default=None)
-    leanest = min((r["mem_mb"] for name, r in timed.items() if name != "hf_outheads"), default=None)
+    peers = {name: r for name, r in timed.items() if not name.startswith("hf_outheads")}
+    fastest = min((r["time_s"] for r in peers.values()), default=None)
+    leanest = min((r["mem_mb"] for r in peers.values()), default=None)
     reference = timed.get("naive", {}).get("loss")
     rows = []
     for name, r in results.items():
@@ -149,6 +167,10 @@ def loss_rows(vocab: int, positions: int, dim: int, reps: int, device: str = "cu
         error = f"{abs(r['loss'] - reference) / abs(reference):.1e}" if reference else "-"
         rows.append(f"| {vocab} | {positions} | {name} | {r['time_s'] * 1e3:.1f} | {ratio(r['time_s'], fastest)} | "
                     f"{r['mem_mb']:.0f} | {ratio(r['mem_mb'], leanest)} | {error} |")
+    kernels = {"hf_outheads own": "own", "torch": "torch", "liger": "liger", "cce": "cce"}
+    order = sorted((r["time_s"], kernels[name]) for name, r in timed.items() if name in kernels)
+    rows.append(f"<!-- |V| = {vocab}, N = {positions}: kernels fastest first: {', '.join(k for _, k in order)} "
+                "(loss_kernels.KERNEL_ORDER) -->")
     return rows
 
 

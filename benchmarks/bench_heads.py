@@ -21,10 +21,16 @@ them the machine's slower and faster spells moved a step or a 64-token call by 1
 
 `--device cuda` (bf16 autocast unless `--dtype fp32`): times from CUDA events, `step mem` =
 `torch.cuda.max_memory_allocated` during the step above what was allocated before it, `peak`
-= the allocator's absolute peak; then the plain head's fused loss against torch's
+= the allocator's absolute peak; every case of one |V| and N in one worker process (the
+allocator's statistics are reset per case); `vs floor` counts K times `tied-own`'s head when that
+case ran (the fused loss on the package's own kernels, which the mixtures use: the floor built
+from the same kernel), else `tied`'s; then the plain head's fused loss against torch's
 `F.linear_cross_entropy`, Liger-Kernel and cut-cross-entropy (`bench_gpu.py`) at each |V| and N:
 
     python -m benchmarks.bench_heads --device cuda --vocab 32000,128000 --positions 8192,16384
+
+`--backbone gpt2-small` measures on GPT-2-small's shape instead (12 layers, d = 768, 1,024-token
+sequences), where the backbone is most of a step, as in a user's training.
 
 Timings mean nothing on a busy machine: the script refuses to start when the 1-minute load
 average is above 0.5, unless `--allow-busy` is given (then the table says so).
@@ -57,7 +63,15 @@ def head_options() -> dict[str, dict]:
 
 HEAD_OPTIONS = head_options()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the workers run as `python -m benchmarks.bench_heads`
-SEQ_LEN = 512
+# name -> (transformers config class, its fields, sequence length); the vocabulary comes from --vocab
+BACKBONES = {
+    "llama-2x256": ("LlamaConfig", dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False),
+                    512),
+    "gpt2-small": ("GPT2Config", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, attn_implementation="sdpa"),
+                   1024),
+    "gpt2-tiny": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=2, n_positions=256, attn_implementation="sdpa"), 256),
+}
 MAX_LOAD = 0.5  # 1-minute load average above which timings are not trusted
 
 
@@ -79,6 +93,9 @@ def parse_args(argv=None):
     parser.add_argument("--allow-busy", action="store_true",
                         help=f"run even when the 1-minute load average is above {MAX_LOAD} (timings unreliable)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the models run")
+    parser.add_argument("--backbone", default="llama-2x256", choices=sorted(BACKBONES),
+                        help="the backbone under every head (llama-2x256: 2 layers, d = 256; gpt2-small: 12 layers, "
+                             "d = 768; gpt2-tiny: its wiring at 2 layers, d = 64)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"),
                         help="fp32, or bf16 autocast (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--loss-dim", type=int, default=2048, help="d of the loss comparison (cuda only)")
@@ -96,15 +113,14 @@ def rss_mb(field: str) -> float:
     raise RuntimeError(field)
 
 
-def build_model(head: str, vocab: int):
+def build_model(head: str, vocab: int, backbone: str = "llama-2x256"):
     import torch
-    from transformers import LlamaConfig
+    import transformers
 
     from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
 
-    text = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=4, vocab_size=vocab, max_position_embeddings=4096,
-                       tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config_class, fields, _ = BACKBONES[backbone]
+    text = getattr(transformers, config_class)(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, **fields)
     head_type = "tied" if head == "backbone" else head.split("-")[0]  # "mos-reference", "mos-k3": variants
     options = HEAD_OPTIONS.get(head, {})  # a head of the package's catalog without a row here: its defaults
     torch.manual_seed(0)
@@ -147,9 +163,11 @@ def run_case(case: dict) -> dict:
     clock = cpu_clock
     if device.type == "cuda":
         from benchmarks.bench_gpu import cuda_clock as clock, peak_mb
-    model = build_model(case["head"], case["vocab"]).to(device)
-    batch = case["positions"] // SEQ_LEN
-    ids = torch.randint(3, case["vocab"], (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0)).to(device)
+    backbone = case.get("backbone", "llama-2x256")
+    model = build_model(case["head"], case["vocab"], backbone).to(device)
+    seq_len = BACKBONES[backbone][2]
+    batch = max(1, case["positions"] // seq_len)
+    ids = torch.randint(3, case["vocab"], (batch, seq_len), generator=torch.Generator().manual_seed(0)).to(device)
     step = training_step(model, ids, backbone_only=case["head"] == "backbone", bf16=bf16)
     if case["warmup"]:
         step()  # warm-up: allocates optimizer state
@@ -162,7 +180,7 @@ def run_case(case: dict) -> dict:
             refs.write("5")  # reset the peak-RSS counter
         step()
         result = {"step_mb": rss_mb("VmHWM") - before, "peak_mb": rss_mb("VmHWM")}
-    tied = build_model("tied", case["vocab"]).to(device)
+    tied = build_model("tied", case["vocab"], backbone).to(device)
     result.update(paired_times({"model": step, "tied": training_step(tied, ids, bf16=bf16)}, case["reps"], clock))
     if case["gen_tokens"]:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -203,12 +221,32 @@ def generation_rates(model, tied, prompt, case: dict, clock=cpu_clock) -> dict:
     return {"gen_tok_s": case["gen_tokens"] / model_s, "gen_vs_tied": tied_s / model_s}
 
 
-def measure(case: dict) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(case["threads"]))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_heads", "--worker", json.dumps(case)],
+def run_cases(cases: list[dict]) -> list[dict]:
+    """`run_case` of each case in this process (a CUDA worker: the allocator's statistics are the
+    case's own), freeing the models between cases; a failed case gives its error."""
+    import gc
+
+    import torch
+
+    results = []
+    for case in cases:
+        try:
+            results.append(run_case(case))
+        except Exception as error:  # noqa: BLE001: the table says what failed (out of memory, ...)
+            results.append({"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:120]})
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return results
+
+
+def measure(cases: list[dict]) -> list[dict]:
+    """The cases measured in one fresh worker process."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(cases[0]["threads"]))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_heads", "--worker", json.dumps(cases)],
                           capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]}
+        return [{"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]}] * len(cases)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -218,9 +256,11 @@ def components(head: str) -> int:
 
 
 def floor_ratio(head: str, r: dict, results: dict[str, dict]) -> str:
-    """Step over `backbone + K x (tied - backbone)`; "-" for the backbone or without its step."""
-    backbone, tied = results.get("backbone", {}).get("step_s"), results["tied"].get("step_s")
-    if head == "backbone" or backbone is None or tied is None:
+    """Step over `backbone + K x (tied - backbone)`, `tied-own`'s step for tied's when it ran (the
+    mixtures' kernels); "-" for the backbone or without its step."""
+    base = results.get("tied-own", {}).get("step_s") or results["tied"].get("step_s")
+    backbone, tied = results.get("backbone", {}).get("step_s"), base
+    if head == "backbone" or backbone is None or tied is None or tied <= backbone:  # (a noisy CPU: no head cost)
         return "-"
     return f"{r['step_s'] / (backbone + components(head) * (tied - backbone)):.2f}x"
 
@@ -264,7 +304,7 @@ def check_load(allow_busy: bool) -> float:
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
-        print(json.dumps(run_case(json.loads(args.worker))))
+        print(json.dumps(run_cases(json.loads(args.worker))))
         return
     load = check_load(args.allow_busy)
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
@@ -278,7 +318,7 @@ def main(argv=None):
         f"<!-- python -m benchmarks.bench_heads {' '.join(sys.argv[1:] if argv is None else argv)}; "
         f"1-minute load average at start {load:.2f}"
         f"{' (BUSY: timings unreliable)' if load > MAX_LOAD else ''}; {args.device}{device_name}, "
-        f"{dtype} -->",
+        f"{dtype}, backbone {args.backbone} -->",
         "| V | N | head | step s | step vs tied | vs floor | step mem MB | mem vs tied | peak MB | gen tok/s "
         "| gen vs tied |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -286,12 +326,13 @@ def main(argv=None):
     print("\n".join(lines), flush=True)
     for vocab in map(int, args.vocab.split(",")):
         for positions in map(int, args.positions.split(",")):
-            results = {}
-            for head in heads:
-                case = dict(head=head, vocab=vocab, positions=positions, reps=args.reps, threads=args.threads,
-                            warmup=not args.no_warmup, device=args.device, dtype=dtype,
-                            gen_tokens=0 if args.no_generate else args.gen_tokens, gen_reps=args.gen_reps)
-                results[head] = measure(case)
+            cases = [dict(head=head, vocab=vocab, positions=positions, reps=args.reps, threads=args.threads,
+                          warmup=not args.no_warmup, device=args.device, dtype=dtype, backbone=args.backbone,
+                          gen_tokens=0 if args.no_generate else args.gen_tokens, gen_reps=args.gen_reps) for head in heads]
+            if args.device == "cuda":  # one worker: the allocator's statistics are per case
+                results = dict(zip(heads, measure(cases)))
+            else:  # a fresh process per case: its peak RSS is the case's own
+                results = {case["head"]: measure([case])[0] for case in cases}
             rows = table_rows(vocab, positions, results) + reference_notes(results)
             print("\n".join(rows), flush=True)
             lines += rows

@@ -20,6 +20,7 @@ from transformers import initialization as init
 
 from transformers.utils import ModelOutput
 
+from .loss_kernels import own_path
 from .options import HeadDims, HeadOptions
 
 IGNORE_INDEX = -100  # labels the loss skips (transformers' convention)
@@ -184,6 +185,11 @@ class OutputHead(nn.Module):
         label encoder) counted once. A backward costs about twice this (`flops.py`)."""
         raise NotImplementedError
 
+    def loss_path(self, device: torch.device) -> str:
+        """What computes this head's training loss on `device` (recorded beside measured runs).
+        Default: the package's fused loss (`losses.mixture_nll_sum`)."""
+        return own_path(device)
+
     def generation_scope(self):
         """Context manager the model enters around each `generate` call, in which nothing the
         head reads changes (single-softmax heads reuse their label matrix). Default: nothing."""
@@ -312,6 +318,19 @@ def word_count_vector(head: OutputHead, counts) -> torch.Tensor:
     if counts.numel() and counts.min() < 0:
         raise ValueError(f"Head '{head.head_type}': set_word_counts got a negative count ({counts.min().item()}).")
     return counts
+
+
+def training_mode(training_loss: str, training: bool, device: torch.device, return_logits: bool | None = None) -> str:
+    """The loss a forward on `device` computes: "full" outside training; `training_loss` in
+    training, "auto" resolved to "chunked" on a CUDA device (the fused loss, no logits) and "full"
+    elsewhere; the model argument `return_logits` overrides it (True: "full"; False: "chunked",
+    or "sampled" kept)."""
+    mode = training_loss if training else "full"
+    if mode == "auto":
+        mode = "chunked" if device.type == "cuda" else "full"
+    if return_logits is not None:
+        mode = "full" if return_logits else ("sampled" if mode == "sampled" else "chunked")
+    return mode
 
 
 def nll_sum_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

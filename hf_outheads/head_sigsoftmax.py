@@ -11,7 +11,7 @@ at the cost of a single softmax (one element-wise `log sigma` per score).
 `logits` are the scores `z + log sigma(z)` (fp32): `softmax(logits)` is sigsoftmax, so
 generate's sampling, beam search and the HF loss need nothing else. The training losses:
 "full" (the logits and cross-entropy) and "chunked" (the exact loss and its gradient in one
-pass over row chunks, `losses.mixture_nll_sum` with one sigsoftmax component: at most one
+pass over row chunks, on a GPU with the sigsoftmax epilogue inside the Triton kernels, `losses.mixture_nll_sum` with one sigsoftmax component: at most one
 chunk's `rows x |V|` scores exist at a time, the `log sigma` computed inside the chunk, nothing
 recomputed in backward); "sampled" is not offered (sampled softmax's correction assumes a softmax).
 
@@ -31,7 +31,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits
+from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits, training_mode
 from .head_linear import OwnOutputMatrix
 from .losses import mixture_nll_sum
 from .options import HeadDims, HeadOptions, choice, flag
@@ -53,14 +53,16 @@ def chunked_sigsoftmax_nll(x, weight, bias, labels) -> torch.Tensor:
 
 @dataclass
 class SigSoftmaxOptions(HeadOptions):
-    """training_loss: "full" (logits and cross-entropy) or "chunked" (exact loss without logits;
-    sampled softmax's correction assumes a softmax, so it is not offered); output_bias: learn `b`."""
+    """training_loss: "full" (logits and cross-entropy), "chunked" (exact loss without logits, the
+    package's fused loss: no peer kernel computes sigsoftmax; sampled softmax's correction assumes
+    a softmax, so it is not offered) or "auto" (default: "chunked" on a CUDA device, "full"
+    elsewhere); output_bias: learn `b`."""
 
     head_type: ClassVar[str] = "sigsoftmax"
     # configs saved while these options inherited `linear`'s: the sampled loss's options, never read
     retired_options: ClassVar[tuple[str, ...]] = ("sampled_fraction", "sampled_proposal")
 
-    training_loss: str = choice("full", ("full", "chunked"))
+    training_loss: str = choice("auto", ("auto", "full", "chunked"))
     output_bias: bool = flag(True)
 
 
@@ -89,13 +91,15 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
         return num_positions * 2 * self.dims.hidden_dim * self.dims.vocab_size
 
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
-        chunked = self.training and self.options.training_loss == "chunked"
-        if inputs.return_logits is not None:
-            chunked = not inputs.return_logits
-        if labels is not None and chunked:
+        if labels is not None and training_mode(self.options.training_loss, self.training, inputs.hidden.device,
+                                                   inputs.return_logits) == "chunked":
             return HeadOutput(nll_sum=chunked_sigsoftmax_nll(inputs.hidden, self.weight, self.bias, labels))
         logits = sigsoftmax_scores(F.linear(inputs.hidden, self.weight, self.bias))
         return HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels) if labels is not None else None)
+
+    def loss_path(self, device: torch.device) -> str:
+        mode = training_mode(self.options.training_loss, True, device)
+        return super().loss_path(device) if mode == "chunked" else mode
 
     def equivalent_lm_head(self, embeddings):
         raise ValueError("Head 'sigsoftmax': exp(z) sigma(z) normalised is not the softmax of an affine map of h, so "

@@ -10,7 +10,15 @@ their gradient) for all rows at once:
     low-precision operands, fp32 accumulation inside the product, scores rounded once to the
     low precision and taken to fp32 for the softmax statistics; no fp32 copy of `W`;
   - `linear_cross_entropy`: one softmax, per-row (`reduction="none"`, chunks recomputed in
-    backward) or summed (`reduction="sum"`, gradient in forward; "chunked" is the mixture with K = 1).
+    backward) or summed (`reduction="sum"`, gradient in forward): the package's own path ("own",
+    the mixture with K = 1) or a peer's kernel (`loss_kernels`: Liger-Kernel, cut-cross-entropy,
+    torch's own), the fastest installed for the device and size by default.
+
+On a CUDA device a chunk's `|V|`-wide work (softmax statistics, the gradient of the scores) is
+two Triton kernels over the bf16 scores (`softmax_kernels`) instead of a dozen fp32 elementwise
+passes; elsewhere it is plain torch. Under `torch.compile` the fused losses run eagerly (a graph
+break: they are hand-fused already, and their row loop must not be unrolled into the graph);
+under `torch.export` they are one plain computation over all rows.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from .head_interface import IGNORE_INDEX
+from .loss_kernels import PEER_KERNELS, fastest_kernel, peer_nll_sum, unavailable, use_triton
 
 # Every chunk size of the package's row-chunk loops (`over_row_chunks`, the fused loss's chunks).
 # Logits elements per chunk of the per-row losses (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
@@ -32,17 +41,18 @@ LOG_PROBS_CHUNK_ELEMENTS = 2**24
 # a chunk's scores and log-probs coexist briefly). Measured at |V| = 32K: products of 255 latent
 # rows are as fast as of 510, and small chunks keep the loss's peak below the head's activations.
 FUSED_CHUNK_LATENTS, FUSED_CHUNK_ELEMENTS = 512, 2**23
-# On a CUDA device: products of up to 4,096 rows (a GPU idles between small kernels), 64M scores
-# (256 MB fp32) per chunk. Not measured yet.
-FUSED_CHUNK_LATENTS_CUDA, FUSED_CHUNK_ELEMENTS_CUDA = 4096, 2**26
+# On a CUDA device: products of up to 4,096 rows (a GPU idles between small kernels), 128M scores
+# (256 MB in bf16, the kernels' scores) per chunk: each chunk adds its `|V| x d` weight gradient
+# into the fp32 one, a pass over it that fewer chunks make rarer. Not tuned on a GPU yet.
+FUSED_CHUNK_LATENTS_CUDA, FUSED_CHUNK_ELEMENTS_CUDA = 4096, 2**27
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-IMPLEMENTATIONS = ("auto", "torch", "chunked", "naive")
+IMPLEMENTATIONS = ("auto", "own", "naive", *PEER_KERNELS)
 REDUCTIONS = ("none", "sum")
 
 
 def has_torch_linear_cross_entropy() -> bool:
     """torch >= 2.13 ships a chunked `F.linear_cross_entropy` (with `LinearCrossEntropyOptions`)."""
-    return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+    return unavailable("torch", "cpu") is None
 
 
 def is_traced() -> bool:
@@ -100,6 +110,14 @@ def matmul_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype if weight.dtype in LOW_PRECISION else torch.float32
 
 
+def _mix(log_prior, log_p_y, keep):
+    """A chunk's summed NLL of the mixture, from `log pi_j` and `log p_j(y)` `(rows, K)` and the
+    kept rows, and a function giving the responsibilities `r_j = pi_j p_j(y) / p(y)` (0 on ignored rows)."""
+    joint = log_prior + log_p_y  # log pi_j + log p_j(y)
+    ll = joint.logsumexp(-1)
+    return -torch.where(keep, ll, 0).sum(), lambda: (joint - ll.unsqueeze(-1)).exp() * keep.unsqueeze(-1)
+
+
 def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, sigsoftmax=False):
     """One chunk: summed NLL; adds its gradients w.r.t. (log_prior, x, weight, bias) into the
     fp32 `grads` (the chunk's rows of the first two, None: not needed), in place. `x` and
@@ -119,13 +137,11 @@ def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, 
         scores = scores + log_sigmoid if torch.is_grad_enabled() else scores.add_(log_sigmoid)
     log_p = scores.log_softmax(-1)  # the chunk's |V|-wide tensor
     gold = labels.clamp_min(0).view(-1, 1, 1).expand(*x.shape[:2], 1)
-    joint = log_prior + log_p.gather(-1, gold).squeeze(-1)  # log pi_j + log p_j(y)
-    ll = joint.logsumexp(-1)
-    nll = -torch.where(keep, ll, 0).sum()
+    nll, resp = _mix(log_prior, log_p.gather(-1, gold).squeeze(-1), keep)
     if all(g is None for g in grads):
         return nll
     g_prior, g_x, g_weight, g_bias = grads
-    resp = (joint - ll.unsqueeze(-1)).exp() * keep.unsqueeze(-1)  # (rows, K)
+    resp = resp()
     delta = log_p.exp_().scatter_add_(-1, gold, log_p.new_full(gold.shape, -1.0))  # p_j - onehot(y)
     if sigsoftmax:  # d(z + log sigma(z))/dz = 2 - sigma(z)
         delta.mul_(log_sigmoid.exp_().neg_().add_(2.0))
@@ -147,6 +163,61 @@ def _chunk(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, 
     return nll
 
 
+_FP32_OUT_PRODUCTS = [True]  # cuBLAS writes bf16 products into fp32 (`out_dtype`, torch >= 2.8 on CUDA); False once refused
+
+
+def _product_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """`out (fp32) (+)= a @ b` for low-precision `a`, `b`: on CUDA the product is accumulated in
+    fp32 straight into `out` (no low-precision copy of a `|V| x d` product, no extra pass);
+    elsewhere through a product in `a`'s dtype."""
+    if out.is_cuda and a.dtype != out.dtype and _FP32_OUT_PRODUCTS[0]:
+        try:
+            if accumulate:
+                torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
+            else:
+                torch.mm(a, b, out_dtype=out.dtype, out=out)
+            return
+        except (RuntimeError, TypeError):  # an older torch: the products in a's dtype from now on
+            _FP32_OUT_PRODUCTS[0] = False
+    if a.dtype == out.dtype:
+        out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
+    elif accumulate:
+        out.add_(torch.mm(a, b))
+    else:
+        out.copy_(torch.mm(a, b))
+
+
+def _chunk_kernels(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, sigsoftmax=False):
+    """`_chunk` on a GPU: the scores `x W^T` in the products' dtype (bf16 under autocast) are
+    read twice by `softmax_kernels` (statistics, then the gradient written over them) and never
+    taken to fp32; the gradient of a row is scaled by its responsibility inside the kernel.
+    Ignored rows (label `ignore_index`) count nothing and get zero gradients, without a host sync."""
+    from .softmax_kernels import row_stats, softmax_grad_
+
+    rows, K, d = x.shape
+    flat_x, flat_labels = x.reshape(rows * K, d), labels.repeat_interleave(K)
+    flat_labels = torch.where(flat_labels == ignore_index, -1, flat_labels)
+    scores = torch.mm(flat_x, weight.T)  # (rows K, |V|)
+    lse, target = row_stats(scores, bias, flat_labels, sigsoftmax)
+    nll, resp = _mix(log_prior, (target - lse).view(rows, K), labels != ignore_index)
+    if all(g is None for g in grads):
+        return nll
+    g_prior, g_x, g_weight, g_bias = grads
+    resp = resp()
+    if g_prior is not None:
+        g_prior.sub_(resp)
+    if g_x is None and g_weight is None and g_bias is None:
+        return nll
+    delta = softmax_grad_(scores, bias, flat_labels, lse, resp.reshape(-1), sigsoftmax)
+    if g_x is not None:
+        _product_into(g_x.view(-1, d), delta, weight, accumulate=False)
+    if g_weight is not None:
+        _product_into(g_weight, delta.T, flat_x, accumulate=True)
+    if g_bias is not None:
+        g_bias.add_(delta.sum(0, dtype=torch.float32))
+    return nll
+
+
 def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, rows, need=(False,) * 4,
                       dtype=torch.float32, sigsoftmax=False):
     """Summed NLL (fp32 scalar) of `log_prior (n, K)`, `latents (n, K, d)`, `labels (n,)` and,
@@ -159,11 +230,12 @@ def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, ro
              for flag, t in zip(need, tensors)]
     weight, bias = weight.to(dtype), None if bias is None else bias.float()
     total = torch.zeros((), dtype=torch.float32, device=weight.device)
+    chunk = _chunk_kernels if use_triton(weight.device) else _chunk
     with torch.autocast(weight.device.type, enabled=False):
         for start in range(0, labels.shape[0], rows):
             part = lambda t: t if t is None else t[start : start + rows]
-            total += _chunk(part(log_prior).float(), part(latents).to(dtype), weight, bias, part(labels), ignore_index,
-                            [part(g) for g in grads[:2]] + grads[2:], sigsoftmax)
+            total += chunk(part(log_prior).float(), part(latents).to(dtype), weight, bias, part(labels), ignore_index,
+                           [part(g) for g in grads[:2]] + grads[2:], sigsoftmax)
     return total, grads
 
 
@@ -190,6 +262,7 @@ class FusedMixtureNLL(torch.autograd.Function):
         return (*grads, None, None, None, None, None)
 
 
+@torch.compiler.disable  # under torch.compile: eager (module docstring)
 def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IGNORE_INDEX, chunk_rows=None,
                     sigsoftmax=False):
     """Exact `-sum_i logsumexp_j(log_prior_ij + log_softmax(latents_ij W^T + b)[y_i])`, fp32
@@ -210,8 +283,8 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
         return _chunk(log_prior.float(), latents.float(), weight.float(), bias, labels, ignore_index,
                       sigsoftmax=sigsoftmax)
     keep = labels != ignore_index
-    if not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
-        log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]
+    if not use_triton(weight.device) and not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
+        log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]  # (the kernels skip them: no sync)
     rows = chunk_rows or fused_chunk_rows(weight.shape[0], K, weight.device)
     tensors, dtype = (log_prior, latents, weight, bias), matmul_dtype(weight)
     if grad_needed(*tensors):
@@ -230,6 +303,7 @@ def _chunked(input, weight, target, bias, ignore_index, rows):
     return over_row_chunks(rows_nll, (input, target), (weight, bias), rows, grad_needed(input, weight, bias), 1)[:, 0]
 
 
+@torch.compiler.disable  # under torch.compile: eager (module docstring)
 def linear_cross_entropy(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -243,16 +317,17 @@ def linear_cross_entropy(
 ) -> torch.Tensor:
     """Per-row `-log_softmax(input @ weight.T + bias)[target]`, shape `target.shape`, in fp32,
     0 (and no gradient) where `target == ignore_index`; `reduction="sum"`: their sum, with the
-    gradient computed in the forward pass (nothing recomputed in backward).
+    gradient computed in the forward pass (nothing recomputed in backward) by "own", Liger and CCE.
 
-    `input` is `(..., d)`, `weight` `(|V|, d)`, `bias` `(|V|,)`. Computed in fp32 whatever the
-    parameters' dtype (low-precision inputs are upcast). `impl`:
-      - "auto": "torch" when the installed torch has it, else "chunked";
+    `input` is `(..., d)`, `weight` `(|V|, d)`, `bias` `(|V|,)`. `impl`:
+      - "auto": for "sum", `loss_kernels.fastest_kernel` (the fastest kernel installed for the device
+        and |V|, as measured); for "none", "torch" when the installed torch has it, else "own";
+      - "own": for "none", plain autograd with `torch.utils.checkpoint` per row chunk (fp32); for
+        "sum", `mixture_nll_sum` with one component (products in `matmul_dtype`: bf16 under autocast);
+      - "liger", "cce" ("sum" only): the peers' kernels (`loss_kernels`), products in `matmul_dtype`;
       - "torch": `F.linear_cross_entropy(..., options=LinearCrossEntropyOptions(batch_chunk_size=
-        chunk_rows))`, which recomputes each chunk's logits in backward for "none" only;
-      - "chunked": for "none", plain autograd with `torch.utils.checkpoint` per row chunk; for
-        "sum", `mixture_nll_sum` with one component;
-      - "naive": full logits (reference for tests).
+        chunk_rows))` in fp32, which recomputes each chunk's logits in backward for "none" only;
+      - "naive": full logits in fp32 (reference for tests).
     `chunk_rows` defaults to `default_chunk_rows(|V|)` (about 128 MB of logits per chunk).
     """
     if impl not in IMPLEMENTATIONS:
@@ -265,17 +340,22 @@ def linear_cross_entropy(
         raise ValueError(f"{input.shape[0]} input rows but {target.shape[0]} targets.")
     rows = chunk_rows or default_chunk_rows(weight.shape[0])
     if impl == "auto":
-        impl = "torch" if has_torch_linear_cross_entropy() else "chunked"
-    if impl == "chunked" and reduction == "sum":
+        impl = fastest_kernel(input.device.type, weight.shape[0]) if reduction == "sum" else (
+            "torch" if has_torch_linear_cross_entropy() else "own")
+    if impl in ("liger", "cce") and reduction != "sum":
+        raise ValueError(f"impl={impl!r} computes reduction='sum' only.")
+    if impl == "own" and reduction == "sum":
         zeros = input.new_zeros(input.shape[0], 1, dtype=torch.float32)
         return mixture_nll_sum(zeros, input.unsqueeze(1), weight, bias, target, ignore_index=ignore_index,
                                chunk_rows=chunk_rows)
-    input, weight, bias = input.float(), weight.float(), (bias.float() if bias is not None else None)
     if input.shape[0] == 0:
-        return input.sum() if reduction == "sum" else input.sum(-1).reshape(shape)  # still attached to the graph
+        return input.float().sum() if reduction == "sum" else input.float().sum(-1).reshape(shape)  # attached to the graph
+    if impl in PEER_KERNELS and reduction == "sum":
+        return peer_nll_sum(impl, input, weight, target, bias, ignore_index, matmul_dtype(weight))
+    input, weight, bias = input.float(), weight.float(), (bias.float() if bias is not None else None)
     if impl == "naive":
         nll = _naive(input, weight, target, bias, ignore_index)
-    elif impl == "chunked":
+    elif impl == "own":
         nll = _chunked(input, weight, target, bias, ignore_index, rows)
     else:
         options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=rows, chunking_method=None)

@@ -8,8 +8,10 @@ What they share, for speed and memory:
     across calls while the tensors it is computed from hold the same values (checked once per
     call against a copy of them, which costs the memory of E and the head's parameters);
   - `training_loss="chunked"` (or the model argument `return_logits=False`): the exact loss
-    from a chunked linear cross-entropy whose gradient is computed in its forward pass, never
-    holding `N x |V|` logits; no logits returned;
+    from a fused linear cross-entropy whose gradient is computed in its forward pass, never
+    holding `N x |V|` logits, by the fastest kernel installed (`loss_kernels`; `loss_kernel`
+    forces one); no logits returned. The default, "auto", is "chunked" on a CUDA device and
+    "full" elsewhere;
   - `training_loss="sampled"`: the joint-embedding paper's sampled softmax in training
     (`sampled_softmax.py`), full softmax for evaluation and generation.
 """
@@ -25,12 +27,15 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits, word_count_vector
+from .head_interface import (HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits, training_mode,
+                             word_count_vector)
 from .losses import linear_cross_entropy
 from .options import HeadOptions, choice, flag, number
+from .loss_kernels import PEER_KERNELS, fastest_kernel
 from .sampled_softmax import sampled_nll_sum
 
-TRAINING_LOSSES = ("full", "chunked", "sampled")
+TRAINING_LOSSES = ("auto", "full", "chunked", "sampled")
+LOSS_KERNELS = ("auto", "own", *PEER_KERNELS)
 LABEL_SOURCES = ("embeddings", "own")
 PROPOSALS = ("uniform", "unigram")
 
@@ -38,7 +43,10 @@ PROPOSALS = ("uniform", "unigram")
 @dataclass
 class SoftmaxOptions(HeadOptions):
     """training_loss: "full" (logits and cross-entropy, as transformers), "chunked" (exact
-    loss without logits) or "sampled" (candidate-set sampled softmax, training only);
+    loss without logits), "sampled" (candidate-set sampled softmax, training only), or "auto"
+    (default: "chunked" on a CUDA device, "full" elsewhere); loss_kernel: what computes the
+    "chunked" loss: "auto" (the fastest kernel installed for the device and |V|, `loss_kernels`),
+    "own" (the package's), "liger", "cce" or "torch" (a peer's, which must be installed);
     sampled_fraction: share of the vocabulary in the candidate set (paper: 0.25; Table 4 also
     0.05, 0.5); sampled_proposal: "uniform" (paper) or "unigram" (needs `set_word_counts`);
     output_bias: learn a per-word output bias `b` (the papers' form); False: no bias, so that
@@ -46,7 +54,8 @@ class SoftmaxOptions(HeadOptions):
 
     head_type: ClassVar[str] = "softmax"  # each head subclasses these with its own name
 
-    training_loss: str = choice("full", TRAINING_LOSSES)
+    training_loss: str = choice("auto", TRAINING_LOSSES)
+    loss_kernel: str = choice("auto", LOSS_KERNELS)
     sampled_fraction: float = number(0.25, 0.0, 1.0, open_low=True)
     sampled_proposal: str = choice("uniform", PROPOSALS)
     output_bias: bool = flag(True)
@@ -191,6 +200,16 @@ class SoftmaxHead(OutputBias, OutputHead):
         self._label_cache = None  # training changes the weights: drop the kept matrix and copies
         return super().train(mode)
 
+    def loss_path(self, device: torch.device) -> str:
+        """`training_loss` resolved for a training forward on `device`, and for the fused loss the
+        kernel (`loss_kernel`, "auto": `loss_kernels.fastest_kernel`)."""
+        mode = training_mode(self.options.training_loss, True, device)
+        if mode != "chunked":
+            return mode
+        kernel = self.options.loss_kernel
+        kernel = fastest_kernel(device.type, self.dims.vocab_size) if kernel == "auto" else kernel
+        return super().loss_path(device) if kernel == "own" else f"chunked: {kernel}"
+
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Unigram proposal for `sampled_proposal="unigram"` (add-one smoothed)."""
         self._log_unigram = torch.log(word_count_vector(self, counts).float() + 1.0)
@@ -209,13 +228,12 @@ class SoftmaxHead(OutputBias, OutputHead):
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
         weight = self.current_label_matrix(self.label_source(inputs.embeddings))
         context = self.context(inputs.hidden)
-        mode = self.options.training_loss if self.training else "full"
-        if inputs.return_logits is not None:
-            mode = "full" if inputs.return_logits else ("sampled" if mode == "sampled" else "chunked")
+        mode = training_mode(self.options.training_loss, self.training, inputs.hidden.device, inputs.return_logits)
         if labels is None or mode == "full":
             logits = F.linear(context, weight)  # no view (F.linear with a bias returns one for 3-d input: FSDP2
             logits = logits if self.bias is None else logits.add_(self.bias)  # warns), one |V|-wide pass more
             return HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels) if labels is not None else None)
         if mode == "sampled":
             return HeadOutput(nll_sum=self._sampled_nll(context, weight, labels))
-        return HeadOutput(nll_sum=linear_cross_entropy(context, weight, labels, self.bias, reduction="sum"))
+        return HeadOutput(nll_sum=linear_cross_entropy(context, weight, labels, self.bias, reduction="sum",
+                                                       impl=self.options.loss_kernel))

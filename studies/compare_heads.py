@@ -66,6 +66,7 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
     config = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
     config.update(head_type=spec[0], head_options=spec[1], head_options_by_head={}, seed=seed,
                   output_dir=str(run_dir), resume="never", push_to_hub=False)
+    config.pop("overwrite_output_dir")  # on the command line: run_dir is this script's to reuse or replace
     text = yaml.safe_dump(config, sort_keys=False)
     config_path, results_path = run_dir / "train_config.yaml", run_dir / RESULTS_FILE
     # the same options in another order (a refactor of an options class) are the same run
@@ -75,7 +76,7 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
         results_path.unlink(missing_ok=True)
         config_path.write_text(text)
         command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), "-m", "training.train",
-                   "--config", str(config_path)]
+                   "--config", str(config_path), "--overwrite_output_dir", "true"]
         print(f"=== {name} seed {seed}: {' '.join(command)}", flush=True)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
         with (run_dir / "train.log").open("w") as log:

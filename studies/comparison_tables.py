@@ -30,10 +30,11 @@ def better(metric: str, a: float, b: float) -> bool:
     return a > b if metric in HIGHER_IS_BETTER else a < b
 
 
-def at_flops(run: dict, metric: str, budget: float) -> float | None:
-    """`metric` of `run` at `budget` training FLOPs, interpolated between evaluations (log of the
-    metric for perplexity); None when the run's curve does not reach the budget."""
-    points = sorted((p["train_flops"], p[metric]) for p in run.get("curve", []) if "train_flops" in p and metric in p)
+def at_flops(run: dict, metric: str, budget: float, key: str = "train_flops") -> float | None:
+    """`metric` of `run` at `budget` training FLOPs (or another curve `key`: "train_seconds"),
+    interpolated between evaluations (log of the metric for perplexity); None when the run's
+    curve does not reach the budget."""
+    points = sorted((p[key], p[metric]) for p in run.get("curve", []) if key in p and metric in p)
     log = metric == "eval_perplexity"
     for (f0, v0), (f1, v1) in zip(points, points[1:]):
         if f0 <= budget <= f1:

@@ -98,3 +98,65 @@ def test_fused_losses_equal_cpu():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         low = fused_loss(*on_gpu, labels.to(CUDA))
     torch.testing.assert_close(low.cpu(), want, rtol=2e-2, atol=0)
+
+
+@pytest.mark.parametrize("sigsoftmax", [False, True])
+def test_fused_loss_kernels_equal_cpu_with_sigsoftmax_and_ignored_rows(sigsoftmax):
+    """The Triton kernels (`softmax_kernels`) against the CPU's torch path: mixtures, sigsoftmax,
+    ignored rows (skipped by the kernels without a host sync)."""
+    from test_fused_losses import fused_loss, mixture_problem
+
+    params, labels = mixture_problem(n=300, vocab=1000, d=64)
+    want = fused_loss(*params, labels, sigsoftmax=sigsoftmax)
+    want_grads = torch.autograd.grad(want, params)
+    on_gpu = [p.detach().to(CUDA).requires_grad_() for p in params]
+    got = fused_loss(*on_gpu, labels.to(CUDA), sigsoftmax=sigsoftmax)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+    for g_got, g_want in zip(torch.autograd.grad(got, on_gpu), want_grads):
+        torch.testing.assert_close(g_got.cpu(), g_want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "own", "liger", "cce"])
+def test_summed_loss_kernels_equal_the_full_logits_in_bf16(kernel):
+    """Every kernel of `linear_cross_entropy(reduction="sum")` under bf16 autocast, bias included
+    (CCE's folded into the product), against fp32 logits, to bf16 tolerance."""
+    import torch.nn.functional as F
+
+    from hf_outheads import losses, loss_kernels
+
+    if kernel in loss_kernels.PEER_KERNELS and loss_kernels.unavailable(kernel, "cuda"):
+        pytest.skip(loss_kernels.unavailable(kernel, "cuda"))
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    x = (torch.randn(777, 256, device=CUDA, generator=g) * 0.5).requires_grad_()
+    weight = (torch.randn(5000, 256, device=CUDA, generator=g) * 0.05).requires_grad_()
+    bias = (torch.randn(5000, device=CUDA, generator=g) * 0.1).requires_grad_()
+    target = torch.randint(0, 5000, (777,), device=CUDA, generator=g)
+    target[::7] = -100
+    want = F.cross_entropy(F.linear(x, weight, bias), target, reduction="sum")
+    want_grads = torch.autograd.grad(want, (x, weight, bias))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = losses.linear_cross_entropy(x, weight, target, bias, impl=kernel, reduction="sum")
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=0)
+    for name, g_got, g_want in zip(("x", "weight", "bias"), torch.autograd.grad(got, (x, weight, bias)), want_grads):
+        scale = g_want.abs().max()
+        torch.testing.assert_close(g_got / scale, g_want / scale, rtol=0, atol=3e-2, msg=name)
+
+
+@pytest.mark.parametrize("head", ["tied", "mos"])  # a peer's kernel; the own kernels behind a graph break
+def test_compiled_training_step_equals_eager_on_cuda(head):
+    """`torch.compile` on CUDA with the default training loss (`auto`: the fused loss, on the
+    fastest kernel installed): the compiled model's loss and gradients are the eager model's."""
+    eager = training_model("llama", head).to(CUDA)
+    compiled = training_model("llama", head).to(CUDA)
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile()
+    inputs = on(batch("llama"), CUDA)
+    want, got = eager(**inputs).loss, compiled(**inputs).loss
+    assert eager(**inputs).logits is None  # training on CUDA: the fused loss, no logits
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
+        if p_eager.grad is not None:
+            torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-3, atol=1e-4, msg=name)

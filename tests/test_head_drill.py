@@ -237,5 +237,5 @@ def test_defaults_are_stored_in_the_config():
     config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="drill")
     assert config.head_options == {"depth": 2, "activation": "relu", "dropout": 0.1, "dropout_kind": "standard",
                                    "dropout_position": "input", "residual_previous": False, "labels": "embeddings",
-                                   "training_loss": "full", "sampled_fraction": 0.25, "sampled_proposal": "uniform",
+                                   "training_loss": "auto", "loss_kernel": "auto", "sampled_fraction": 0.25, "sampled_proposal": "uniform",
                                    "output_bias": True}

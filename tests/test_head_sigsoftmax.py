@@ -115,6 +115,6 @@ def test_configs_saved_with_the_linear_options_still_load():
     sampled loss's options, which are dropped on load; given anew they are an error."""
     saved = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="sigsoftmax").to_dict()
     saved["head_options"].update(sampled_fraction=0.25, sampled_proposal="uniform")
-    assert OutHeadsConfig.from_dict(saved).head_options == {"training_loss": "full", "output_bias": True}
+    assert OutHeadsConfig.from_dict(saved).head_options == {"training_loss": "auto", "output_bias": True}
     with pytest.raises(ValueError, match="Unknown option.*sampled_fraction"):
         OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="sigsoftmax", head_options={"sampled_fraction": 0.5})

@@ -1,4 +1,4 @@
-"""The fused losses' bf16 path (`losses.mixture_nll_sum`, `linear_cross_entropy(impl="chunked",
+"""The fused losses' bf16 path (`losses.mixture_nll_sum`, `linear_cross_entropy(impl="own",
 reduction="sum")`): under bf16 autocast or with bf16 weights every matrix product takes bf16
 operands, no fp32 copy of the `|V| x d` matrix is made, softmax statistics stay fp32, and the
 loss and gradients equal the fp32 path within bf16 tolerance (on CPU). Chunk sizes per device."""
@@ -79,7 +79,7 @@ def test_chunked_linear_cross_entropy_under_autocast():
     target = torch.randint(0, VOCAB, (40,), generator=g)
     want = losses.linear_cross_entropy(x, weight, target, impl="naive", reduction="sum")
     with Recorder() as record, torch.autocast("cpu", dtype=torch.bfloat16):
-        got = losses.linear_cross_entropy(x, weight, target, impl="chunked", reduction="sum", chunk_rows=8)
+        got = losses.linear_cross_entropy(x, weight, target, impl="own", reduction="sum", chunk_rows=8)
     assert product_dtypes(record.ops) == {torch.bfloat16} and not fp32_matrix_copies(record.ops)
     torch.testing.assert_close(got, want, **BF16)
     for g_got, g_want in zip(torch.autograd.grad(got, [x, weight]), torch.autograd.grad(want, [x, weight])):
@@ -88,8 +88,8 @@ def test_chunked_linear_cross_entropy_under_autocast():
 
 def test_chunk_rows_are_larger_on_cuda():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert losses.fused_chunk_rows(32768, 1, cpu) == 256 and losses.fused_chunk_rows(32768, 1, cuda) == 2048
-    assert losses.fused_chunk_rows(128 * 1024, 4, cuda) == 128 and losses.fused_chunk_rows(1000, 4, cuda) == 1024
+    assert losses.fused_chunk_rows(32768, 1, cpu) == 256 and losses.fused_chunk_rows(32768, 1, cuda) == 4096
+    assert losses.fused_chunk_rows(128 * 1024, 4, cuda) == 256 and losses.fused_chunk_rows(1000, 4, cuda) == 1024
     assert losses.fused_chunk_rows(10**8, 4, cpu) == 1  # at least one row
 
 

@@ -110,6 +110,7 @@ def test_dataset_from_cached_packages_splits_by_page_and_keeps_validation_apart(
         l10n.load_manpages_l10n_dataset("en-de", cache=tmp_path)
 
 
+@pytest.mark.downloads("Debian's manpages, manpages-dev, manpages-it and manpages-it-dev, with apt-get download")
 @pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get is not installed (not a Debian/Ubuntu machine)")
 def test_the_real_italian_pages_align_with_the_english_ones():
     """The smallest language of the corpus, from Debian's archive with `apt-get download`

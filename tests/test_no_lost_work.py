@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_a_damaged_tokenizer_file_is_named_by_the_export_and_on_resume(trained, 
         export_cli(broken, tmp_path / "plain")
     (broken / "tokenizer.json").write_bytes(b"\xff\xfe\x00garbage")  # not UTF-8
     with pytest.raises(ValueError, match=re.escape(str(broken / "tokenizer.json"))):
-        run(broken, max_steps=6)  # resumes from checkpoint_4: loads the saved tokenizer
+        run(broken, max_steps=6, overwrite_output_dir=True)  # resumes from checkpoint_4: loads the saved tokenizer
 
 
 def test_a_folder_without_a_tokenizer_is_exported_without_one(trained, tmp_path):
@@ -128,6 +129,21 @@ def test_a_second_run_on_a_locked_output_dir_is_refused_naming_the_first(tmp_pat
     # the first run has ended (killed): its lock is stale and taken over
     results = run(out, max_steps=2)
     assert "eval_perplexity" in results
+
+
+def test_a_lock_being_written_is_a_run_starting_and_an_old_empty_one_a_killed_run(tmp_path):
+    """The lock file is created, then written: read in between, it is empty. That is a run starting
+    now (refused), unless it has stayed empty for longer than any write takes (a run killed then)."""
+    from training.safeguards import LOCK_FILE, STARTING_S, OutputDirInUse, RunLock
+
+    (tmp_path / LOCK_FILE).write_text("")
+    with pytest.raises(OutputDirInUse, match="a run starting now, writing its lock"):
+        RunLock(tmp_path).acquire()
+    old = time.time() - STARTING_S - 1
+    os.utime(tmp_path / LOCK_FILE, (old, old))
+    lock = RunLock(tmp_path)
+    assert lock.acquire() is None and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
 
 
 def test_the_command_line_refuses_a_locked_output_dir_and_releases_its_own_lock(tmp_path, capsys):
@@ -288,7 +304,7 @@ def test_the_quickstart_heads_export_exactly_with_the_serving_command(tmp_path):
     report = export_cli(out, tmp_path / "quickstart_lm_plain")
     assert report["exact"] and report["mean_kl"] is None
     readme = (ROOT / "README.md").read_text()
-    assert "python -m training.export_plain outputs/quickstart_lm outputs/quickstart_lm_plain" in readme
+    assert "hf-outheads export outputs/quickstart_lm outputs/quickstart_lm_plain" in readme
 
 
 # 11. push_to_hub offline
@@ -390,9 +406,12 @@ def test_the_training_readme_gives_the_quickstarts_own_command():
         by_hand = by_hand_command(task, output_dir, [])
         assert " ".join(by_hand) in training_readme
         launched = launch_command(task, output_dir, [])
-        # the same arguments: only the interpreter's accelerate, --quiet and absolute paths differ
+        # the same arguments: only the interpreter's accelerate, --quiet, the script as a module (importable
+        # without the install) and absolute paths differ
+        script = by_hand.index("training/train.py")
         assert [a for a in launched[4:] if a != "--quiet"] == [
-            str(ROOT / a) if a.startswith("training/") else a for a in by_hand[2:]]
+            str(ROOT / a) if a.startswith("training/") else a
+            for a in [*by_hand[2:script], "-m", "training.train", *by_hand[script + 1:]]]
 
 
 # 16. the README's smaller gaps

@@ -28,3 +28,50 @@ def test_training_quickstart_with_a_wrong_option_fails_in_one_message(tmp_path):
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert "train.py: error: Unknown head type 'softmaxx'" in run.stderr
     assert run.stderr.strip().splitlines()[-1] == "=== quickstart lm failed (exit status 1)"
+
+
+def test_the_quickstart_keeps_an_earlier_run_unless_told_to_replace_it(tmp_path):
+    """Before anything is trained: an earlier quickstart's model in output_root stops it, naming what to
+    do; with --overwrite_output_dir true it says that it replaces it (a wrong option then stops train.py)."""
+    root = Path(__file__).resolve().parents[1]
+    earlier = tmp_path / "quickstart_seq2seq"
+    earlier.mkdir()
+    (earlier / "config.json").write_text("{}")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    command = [sys.executable, "-m", "training.quickstart", "--output_root", str(tmp_path), "--head_type", "softmaxx"]
+    run = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and run.stdout == "", run.stdout  # not even the language model was trained
+    assert run.stderr.strip() == (f"=== quickstart: {earlier} holds the finished model of an earlier run: this run would "
+                                  "replace its weights, card, metrics and checkpoints. Keep it with --output_root "
+                                  "<another folder>, or replace it with --overwrite_output_dir true.")
+    run = subprocess.run([*command, "--task", "seq2seq", "--overwrite_output_dir", "true"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert f"=== quickstart seq2seq: replacing the earlier run in {earlier} (--overwrite_output_dir true)" in run.stdout
+    assert "--overwrite_output_dir true" in run.stdout.split("=== by hand:")[1].splitlines()[0]
+    assert run.returncode == 1 and "Unknown head type 'softmaxx'" in run.stderr and (earlier / "config.json").exists()
+
+
+def test_the_quickstart_checks_its_figures_against_the_stated_ones():
+    from training.quickstart import EXPECTED, check_figures
+
+    stated = {key: value for task in EXPECTED.values() for key, (value, _) in task.items()}
+    lm = {"eval_perplexity": stated["eval_perplexity"]}
+    seq2seq = {"eval_sacrebleu": stated["eval_sacrebleu"], "eval_chrf": stated["eval_chrf"],
+               "eval_copy_sacrebleu": 53.07, "eval_copy_chrf": 84.35}
+    assert check_figures("lm", lm) == [] and check_figures("seq2seq", seq2seq) == []
+    tolerance = EXPECTED["lm"]["eval_perplexity"][1]
+    assert check_figures("lm", {"eval_perplexity": stated["eval_perplexity"] + tolerance * 1.01}) == [
+        f"eval_perplexity {stated['eval_perplexity'] + tolerance * 1.01:.2f} is not within {tolerance} of the stated "
+        f"{stated['eval_perplexity']}"]
+    below_copy = check_figures("seq2seq", {**seq2seq, "eval_copy_chrf": stated["eval_chrf"] + 0.01})
+    assert below_copy == [f"eval_chrf {stated['eval_chrf']:.2f} does not beat the copied source's "
+                          f"{stated['eval_chrf'] + 0.01:.2f}"]
+
+
+def test_the_readmes_state_the_figures_and_tolerances_the_quickstart_checks():
+    from training.quickstart import EXPECTED
+
+    root = Path(__file__).resolve().parents[1]
+    training_readme = (root / "training" / "README.md").read_text()
+    for metric, (value, tolerance) in {k: v for task in EXPECTED.values() for k, v in task.items()}.items():
+        assert f"{value} ± {tolerance}" in training_readme, (metric, value, tolerance)

@@ -72,6 +72,7 @@ def test_the_split_is_stable_and_a_changed_file_is_refused(tmp_path):
         pack(documents(3)[:1], tmp_path / "one", vocab_size=300, validation_percent=0)
 
 
+@pytest.mark.downloads("Debian's maint-guide package, with apt-get download")
 def test_a_debian_package_builds(tmp_path):
     """The real path at a small size: one documentation package from the archive."""
     try:

@@ -260,7 +260,7 @@ def test_shipped_configs_parse_and_name_valid_head_options(config):
 
     if config.name.startswith("scale_"):  # studies/scale_heads.py's own options, its variants by the same rule
         variants = yaml.safe_load(config.read_text())["head_options_by_head"]
-        assert [head_spec(name, variants).head_type for name in variants] == ["mos", "drill"]
+        assert [head_spec(name, variants).head_type for name in variants] == ["mos", "mos", "doc", "drill"]
         return
     opts = parse_options(["--config", str(config)])  # checks the chosen head's options
     for name in opts.head_options_by_head:  # every variant compare_heads.py may run from it
@@ -393,21 +393,23 @@ def test_the_documented_two_process_command_trains_in_a_folder_of_its_own():
     import re
 
     readme = (Path(__file__).resolve().parents[1] / "training" / "README.md").read_text()
-    command = re.search(r"accelerate launch --multi_gpu --num_processes 2 -m training.train (?:[^\n\\]|\\\n)*", readme).group(0)
+    command = re.search(r"accelerate launch --multi_gpu --num_processes 2 training/train.py (?:[^\n\\]|\\\n)*", readme).group(0)
     folder = re.search(r"--output_dir (\S+)", command)
     assert folder and folder.group(1) != yaml.safe_load(QUICKSTART_LM.read_text())["output_dir"], command
 
 
 def test_scripts_run_as_modules_and_documented_commands_say_so():
-    """No script edits sys.path: each runs as `python -m package.module` from the repository root,
-    and every command the READMEs, configs and docstrings give is written that way."""
+    """No script edits sys.path: the training scripts run by path through the installed package
+    (`training/train.py`: tests/test_commands.py), every other script as `python -m package.module`
+    from the repository root, and every command the READMEs, configs and docstrings give is written
+    that way."""
     import re
 
     root = Path(__file__).resolve().parents[1]
     sources = [p for folder in ("training", "studies", "benchmarks", "hf_outheads", "examples", "tests")
                for p in (root / folder).rglob("*.py")]
     assert [str(p) for p in sources if "sys.path" in p.read_text() and p.name != Path(__file__).name] == []
-    by_path = re.compile(r"(?:python|\$PY|accelerate launch|torchrun)[^\n`]*?\b(?:training|studies|benchmarks)/\w+\.py")
+    by_path = re.compile(r"(?:python|\$PY|accelerate launch|torchrun)[^\n`]*?\b(?:studies|benchmarks)/\w+\.py")
     documents = [*sources, *root.glob("*.md"), *(root / "training").rglob("*.md"), *(root / "studies").glob("*.md"),
                  *(root / "benchmarks").glob("*.sh"),
                  *(root / "training" / "configs").glob("*.yaml"), *(root / "studies" / "configs").glob("*.yaml")]

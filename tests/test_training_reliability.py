@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from tiny import tiny_config
 from training import checkpoints
 from training.evaluation import evaluate_perplexity
 from training.launching import has_accelerator
-from training.loop import window_step
+from training.loop import NonFiniteWatch, window_step
 from training.options import TrainOptions, check_values, parse_options
 from training.train import training_function
 
@@ -118,8 +119,8 @@ def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
     options = SimpleNamespace(task="causal_lm", max_grad_norm=None)
     optimizer.zero_grad = lambda: None  # keep the window's gradients to compare
     window = [{"input_ids": ids[:2], "labels": labels[:2]}, {"input_ids": ids[2:], "labels": labels[2:]}]
-    loss, _ = window_step(accelerator, model, optimizer, scheduler, window, options)
-    assert loss == pytest.approx(model(input_ids=ids, labels=labels).loss.item(), rel=1e-5)
+    loss, _ = window_step(accelerator, model, optimizer, scheduler, window, options, NonFiniteWatch(accelerator.device))
+    assert float(loss) == pytest.approx(model(input_ids=ids, labels=labels).loss.item(), rel=1e-5)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, expected[name], msg=name)
 
@@ -145,7 +146,8 @@ def test_micro_batches_accumulated_through_accelerate_train_as_one_batch_as_larg
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         window = [{"input_ids": i, "labels": l} for i, l in zip(ids.split(8 // accumulation), labels.split(8 // accumulation))]
-        losses = [window_step(accelerator, model, optimizer, scheduler, window, options)[0] for _ in range(2)]
+        watch = NonFiniteWatch(accelerator.device)
+        losses = [float(window_step(accelerator, model, optimizer, scheduler, window, options, watch)[0]) for _ in range(2)]
         runs[accumulation] = losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
     (one, one_state), (four, four_state) = runs[1], runs[4]
     assert four == pytest.approx(one, abs=1e-5) and one[1] != one[0]
@@ -188,17 +190,24 @@ def test_an_evaluation_over_no_token_is_an_error():
         evaluate_perplexity(accelerator, model, batches, "causal_lm")
 
 
-def launch(tmp_path, launch_args, name, env=None, returncode=0, **overrides):
+def launch_command(tmp_path, launch_args, name, env=None, **overrides) -> tuple[list[str], dict]:
+    """(`accelerate launch ... -m training.train --config <name>.yaml`, its environment): a tiny run into
+    tmp_path/<name> unless `output_dir` is given."""
     import yaml
 
     config = tmp_path / f"{name}.yaml"
     config.write_text(yaml.safe_dump({**TINY, "output_dir": str(tmp_path / name), "max_steps": None,
                                       "num_train_epochs": 1, "save_steps": None, **overrides}))
-    env = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}, **(env or {})}
+    env = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}, **(env or {}), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "training.train",
                "--config", str(config)]
-    done = subprocess_runs.run(command, env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
+    return command, env
+
+
+def launch(tmp_path, launch_args, name, env=None, returncode=0, **overrides):
+    command, env = launch_command(tmp_path, launch_args, name, env, **overrides)
+    done = subprocess_runs.run(command, env=env, cwd=ROOT)
     assert done.returncode == returncode, done.stderr[-4000:]
     if returncode:
         return None, done.stderr
@@ -208,7 +217,7 @@ def launch(tmp_path, launch_args, name, env=None, returncode=0, **overrides):
 
 def test_the_documented_two_process_command_starts_two_cpu_processes_and_counts_their_epochs(tmp_path):
     readme = (ROOT / "training" / "README.md").read_text()
-    assert "accelerate launch --multi_gpu --num_processes 2 -m training.train" in readme
+    assert "accelerate launch --multi_gpu --num_processes 2 training/train.py" in readme
     one, _ = launch(tmp_path, ["--num_processes", "1"], "one")
     two, _ = launch(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29541"], "two")
     assert (one["num_processes"], two["num_processes"]) == (1, 2)
@@ -221,9 +230,11 @@ def test_the_documented_fsdp2_launch_on_a_cpu_stops_instead_of_training_unsharde
     every process unsharded; train.py stops before training, saying why and what to do."""
     _, stderr = launch(tmp_path, ["--config_file", str(ROOT / "training" / "accelerate_fsdp2.yaml"), "--num_processes",
                                   "2", "--main_process_port", "29543"], "fsdp", returncode=1, max_steps=1)
-    assert "The accelerate config asks for FSDP sharding, but accelerate runs FSDP on GPUs" in stderr, stderr[-3000:]
-    assert "Nothing was trained" in stderr and "training/accelerate_zero3.yaml" in stderr
-    assert not (tmp_path / "fsdp" / "model.safetensors").exists()
+    said = [line for line in stderr.splitlines() if line.startswith("train.py: error:")]
+    assert said == [line for line in said if "The accelerate config asks for FSDP sharding, but accelerate runs FSDP "
+                    "on GPUs" in line] and len(said) == 1, stderr[-3000:]  # once, from the first process
+    assert "Nothing was trained" in said[0] and "training/accelerate_zero3.yaml" in said[0]
+    assert not (tmp_path / "fsdp").exists()  # stopped before the output folder is made
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
@@ -270,8 +281,8 @@ def test_a_hung_run_fails_with_the_stacks_of_its_processes_and_leaves_none_behin
 
 
 def test_resuming_a_finished_run_says_so_and_its_tokenizer_is_reused_cleanly(tmp_path, capsys):
-    """The same command again resumes the last checkpoint of a finished run: one line says nothing
-    is trained. The tokenizer it reloads tokenises whole documents without the length warning,
+    """The same command again, told to overwrite, resumes the last checkpoint of a finished run: one
+    line says nothing is trained. The tokenizer it reloads tokenises whole documents without the length warning,
     and is saved without load-time kwargs, its model_max_length the model's positions."""
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging
@@ -280,7 +291,7 @@ def test_resuming_a_finished_run_says_so_and_its_tokenizer_is_reused_cleanly(tmp
     run(out)
     capsys.readouterr()
     with CaptureLogger(logging.get_logger("transformers.tokenization_utils_base")) as log:
-        again = run(out)
+        again = run(out, overwrite_output_dir=True)  # a finished model is kept unless told otherwise
     printed = capsys.readouterr().out
     assert f"The run in {out} had already finished (step 4 of 4): nothing is trained" in printed
     assert "eval_perplexity" in again
@@ -288,3 +299,79 @@ def test_resuming_a_finished_run_says_so_and_its_tokenizer_is_reused_cleanly(tmp
     saved = json.loads((out / "tokenizer_config.json").read_text())
     assert not {"is_local", "local_files_only"} & set(saved), saved
     assert saved["model_max_length"] == 512  # gpt2-tiny's n_positions
+
+
+def test_a_finished_model_is_kept_unless_the_run_is_told_to_overwrite_it(tmp_path, capsys):
+    """transformers' Trainer convention: a run into a folder that holds a finished model (or files of
+    no run) is refused before anything is written; --overwrite_output_dir true lets it replace them."""
+    from training.safeguards import EarlierWork
+    from training.train import main
+
+    out = tmp_path / "out"
+    run(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for resume in ("auto", "never"):
+        with pytest.raises(EarlierWork, match=rf"{out} holds the finished model of an earlier run: this run would "
+                                              r"replace its weights, card, metrics and checkpoints. Keep it with "
+                                              r"another --output_dir, or replace it with --overwrite_output_dir true."):
+            run(out, resume=resume)
+    argv = [f"--{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in TINY.items()] + [f"--output_dir={out}"]
+    AcceleratorState._reset_state(True)
+    with pytest.raises(SystemExit, match=r"^train.py: error: .* holds the finished model of an earlier run"):
+        main(argv)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing touched
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["checkpoint_4"]
+    capsys.readouterr()
+    results = run(out, resume="never", overwrite_output_dir=True, max_steps=2)
+    assert results["train_flops"] > 0 and json.loads((out / "eval_results.json").read_text())["train_flops"] == \
+        results["train_flops"]  # replaced by the new run's
+
+
+def test_a_folder_of_other_files_is_refused_and_an_unfinished_run_is_resumed(tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "README.md").write_text("my notes")
+    with pytest.raises(ValueError, match=rf"{notes} is not empty \(README.md\) and holds no run: this run would "
+                                         r"write over what is there.*--overwrite_output_dir true"):
+        run(notes)
+    assert [p.name for p in notes.iterdir()] == ["README.md"] and (notes / "README.md").read_text() == "my notes"
+    out, _ = interrupted_run(tmp_path)  # an unfinished run: no finished model, checkpoints to resume
+    assert "eval_perplexity" in run(out)
+
+
+def test_a_second_two_process_launch_on_the_output_dir_of_a_running_one_is_refused_and_the_first_loses_nothing(tmp_path):
+    """Two launches of 2 CPU processes each on one output_dir. The first is held (SIGSTOP) once it
+    has taken the lock, while the second runs: the second stops with one message, writes nothing;
+    the first, let go, finishes as if alone."""
+    import signal
+    import subprocess
+
+    from training.safeguards import LOCK_FILE
+
+    out = tmp_path / "shared"
+    first_command, env = launch_command(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29547"],
+                                        "first", output_dir=str(out), max_steps=4, save_steps=2, num_train_epochs=None)
+    first = subprocess.Popen(first_command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    held = []
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / LOCK_FILE).is_file() or not (out / LOCK_FILE).read_text().endswith("}"):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
+            time.sleep(0.2)
+        held = [first.pid, *subprocess_runs.descendants(first.pid)]
+        subprocess_runs.signal_all(held, signal.SIGSTOP)
+        lock = (out / LOCK_FILE).read_text()
+        written = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+        _, stderr = launch(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29549"], "second",
+                           returncode=1, output_dir=str(out), max_steps=4, num_train_epochs=None)
+        said = [line for line in stderr.splitlines() if line.startswith("train.py: error:")]
+        assert len(said) == 1 and f"Another run is writing {out}: pid {json.loads(lock)['pid']}" in said[0], stderr[-3000:]
+        assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == written and (out / LOCK_FILE).read_text() == lock
+    finally:
+        subprocess_runs.signal_all(held, signal.SIGCONT)
+        stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records if "event" in r] == ["start", "final"]
+    assert records[0]["num_processes"] == 2 and (out / "model.safetensors").is_file()
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["checkpoint_4"] and not (out / LOCK_FILE).exists()

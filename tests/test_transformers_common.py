@@ -3,7 +3,8 @@ on a small matrix of wrapped backbones and heads: Llama and T5, `tied` and `mos`
 
 The tests come from the installed version's source distribution, downloaded at test time
 (`pip download --no-deps --no-binary :all: transformers==<version>`) into a cache folder, never
-copied into this repository; without it (no network, no pip) the module is skipped.
+copied into this repository; without it (no network, no pip) the module is skipped, saying so
+(the `downloads` marker, tests/downloads.py: CI fails instead).
 
 Adaptations, each for a reason that does not apply to a wrapper or to the downloaded files:
   - the sdist ships `tests/` without its `generation/`, `exporters/` and `utils/` sub-packages,
@@ -147,7 +148,8 @@ class Tester:
 
 
 CASES = [("llama", "tied"), ("llama", "drill"), ("llama", "mos"), ("t5", "tied"), ("t5", "joint"), ("t5", "mos")]
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")  # transformers' own marks
+pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning"),  # transformers' own marks
+              pytest.mark.downloads(f"transformers=={VERSION}'s source distribution from PyPI, for its tests")]
 
 
 def run_suite(common, backbone, head):

@@ -2,10 +2,11 @@
 its backbone's own transformers class, with its tokenizer, for serving stacks that know only
 the stock architectures (vLLM, TGI, llama.cpp converters, quantizers):
 
-    python -m training.export_plain <trained_dir> <out_dir>
-    python -m training.export_plain <trained_dir> <out_dir> --approximate --text-file sample.txt
+    hf-outheads export <trained_dir> <out_dir>
+    hf-outheads export <trained_dir> <out_dir> --approximate --text-file sample.txt
 
-Exact for `tied`, `linear`, `bilinear`, `drill` and `joint` with identity activation, where the
+`trained_dir` is a folder, or a Hub repo id (`namespace/name`) when no folder of that name exists
+and it does not look like a local path (`looks_local`). Exact for `tied`, `linear`, `bilinear`, `drill` and `joint` with identity activation, where the
 head has no output bias or the family holds one (BART, Marian); see the README's "Serving".
 `--approximate` drops a bias the family cannot hold and prints the mean KL divergence from the
 trained model on the lines of `--text-file`. Prints what was written, as JSON.
@@ -13,20 +14,49 @@ trained model on the lines of `--text-file`. Prints what was written, as JSON.
 
 from __future__ import annotations
 
+if not __package__:  # run by path (`python training/export_plain.py`): its modules are the installed package's
+    __package__ = "hf_outheads.training"
+
 import argparse
 import dataclasses
 import json
+import os
+import re
 from pathlib import Path
 
 from transformers import AutoConfig
 
 import hf_outheads
-from training.tokenization import load_saved_tokenizer
+
+from .tokenization import load_saved_tokenizer
+
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # the Hub's namespace/name
+
+
+def looks_local(name: str) -> bool:
+    """True when `name` can only mean a local path: not `namespace/name`, or written as a path
+    (absolute, `./`, `~`), or its first part is a folder here (`outputs/quickstart_lm`)."""
+    return (not REPO_ID.fullmatch(name) or name.startswith((".", "~", os.sep))
+            or Path(name.split("/")[0]).is_dir())
+
+
+def load_config(trained_dir: str):
+    """The model's config from a folder, or from the Hub for a repo id; anything else is one line."""
+    if not Path(trained_dir).exists() and looks_local(trained_dir):
+        raise SystemExit(f"Not exported: the folder {trained_dir} does not exist.")
+    try:
+        return AutoConfig.from_pretrained(trained_dir)
+    except (OSError, ValueError) as error:  # no model config there, or a repo id the Hub lacks (or cannot be reached)
+        reason = str(error).strip().splitlines()[0]
+        if Path(trained_dir).exists():
+            raise SystemExit(f"Not exported: {trained_dir} holds no model ({reason}).") from None
+        raise SystemExit(f"Not exported: {trained_dir} is no folder here, and loading it from the Hub failed "
+                         f"({reason}).") from None
 
 
 def load(trained_dir: str):
     """(model, tokenizer or None) from an hf_outheads folder, in eval mode."""
-    config = AutoConfig.from_pretrained(trained_dir)
+    config = load_config(trained_dir)
     if not isinstance(config, hf_outheads.OutHeadsConfig):
         raise SystemExit(f"{trained_dir} holds a '{config.model_type}' model, not an hf_outheads one: nothing to export.")
     model_class = hf_outheads.OutHeadsForSeq2SeqLM if config.is_encoder_decoder else hf_outheads.OutHeadsForCausalLM

@@ -1,6 +1,6 @@
 """Several processes on any machine: what `accelerate launch` asked for against what started.
 
-On a CPU-only machine, `accelerate launch --multi_gpu --num_processes 2 -m training.train ...`
+On a CPU-only machine, `accelerate launch --multi_gpu --num_processes 2 training/train.py ...`
 starts two processes (torchrun); `force_cpu` makes them form one CPU (gloo) process group
 instead of two independent one-process runs. Without `--multi_gpu`, accelerate's simple
 launcher starts one process whatever `--num_processes` says: `check_process_count` warns.
@@ -14,17 +14,24 @@ accelerators only.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import warnings
 
-import torch
-
 LAUNCH_HELP = ("On a CPU-only machine start several processes with "
-               "`accelerate launch --multi_gpu --num_processes N -m training.train ...` (see training/README.md).")
+               "`accelerate launch --multi_gpu --num_processes N training/train.py ...` (see training/README.md).")
+
+
+def first_process() -> bool:
+    """True in the launch's first process (RANK 0, or a run without launcher): the one that says why a
+    run stops, so that a launch of N processes says it once."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def has_accelerator() -> bool:
+    import torch
+
     accelerator = getattr(torch, "accelerator", None)
     return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
 
@@ -42,6 +49,24 @@ def requested_sharding() -> str | None:
     return None
 
 
+class DeepSpeedCpuNotice(logging.Filter):
+    """DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to
+    detect it." (its accelerator auto-detection, logged as a warning when it finds no GPU)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Setting accelerator to CPU")
+
+
+def quiet_deepspeed_cpu_notice() -> None:
+    """Where DeepSpeed is installed (the `deepspeed` and `dev` extras), accelerate and transformers import
+    it in every run (e.g. `Accelerator.unwrap_model`), and on a machine without GPU it warns that it
+    set its accelerator to CPU, also where nothing uses DeepSpeed. Unless the launch asks for DeepSpeed,
+    that one message is dropped from DeepSpeed's logger ("DeepSpeed"; a filter, which DeepSpeed's own
+    logger setup keeps). Called when `training` is imported."""
+    if requested_sharding() != "DeepSpeed":
+        logging.getLogger("DeepSpeed").addFilter(DeepSpeedCpuNotice())
+
+
 def accelerator_settings() -> dict:
     """Keyword arguments for `Accelerator`: a CPU process group for several processes on a
     CPU-only machine (`force_cpu`), except under DeepSpeed, which runs there itself (its CPU
@@ -53,11 +78,17 @@ def accelerator_settings() -> dict:
     return {"cpu": force_cpu()}
 
 
-def check_sharding(accelerator) -> None:
+def check_sharding(accelerator=None) -> None:
     """Stop (a ValueError saying why and what to do) when the launch asked for FSDP or DeepSpeed
-    and the Accelerator does not shard with it."""
+    and the Accelerator does not shard with it. Without an Accelerator (`preflight.check_run`, before
+    anything is created or written), what the launch alone shows: FSDP on a machine without accelerator."""
     requested = requested_sharding()
-    running = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}.get(accelerator.distributed_type.name)
+    if accelerator is None:
+        if requested != "FSDP" or has_accelerator():
+            return
+        running = None
+    else:
+        running = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}.get(accelerator.distributed_type.name)
     if requested is None or running == requested:
         return
     why = ("accelerate runs FSDP on GPUs (or other accelerators) only: on a machine without one it would train "
@@ -67,7 +98,7 @@ def check_sharding(accelerator) -> None:
         f"The accelerate config asks for {requested} sharding, but {why}. Nothing was trained. Run the launch on a "
         "machine with GPUs; on a CPU-only machine use DeepSpeed (training/accelerate_zero3.yaml, `pip install "
         "'hf_outheads[deepspeed]'`, DS_ACCELERATOR=cpu) or unsharded data parallelism (`accelerate launch --multi_gpu "
-        "--num_processes N -m training.train ...`). See training/README.md, \"Sharded training\".")
+        "--num_processes N training/train.py ...`). See training/README.md, \"Sharded training\".")
 
 
 def launcher_command_line() -> list[str]:

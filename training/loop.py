@@ -11,6 +11,11 @@ window's last micro-batch; under DeepSpeed, its engine's own accumulation and st
 and DeepSpeed divide each micro-batch's loss by `gradient_accumulation_steps` (a mean of
 micro-batch means); a token mean needs the window's label count instead, so the loss handed to
 `accelerator.backward` is multiplied back by that step count.
+
+No step waits for the device: the losses are summed on it (`RunningLoss`) and the non-finite
+check is recorded on it (`NonFiniteWatch`); both are read, and summed over processes, only at
+a logging step, before a checkpoint or an evaluation, and at the end. A non-finite loss or
+gradient norm still stops the run naming its first step, and nothing from that step on is saved.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from tqdm.auto import tqdm
 from hf_outheads import IGNORE_INDEX, next_token_labels
 
 from .checkpoints import complete_checkpoints
-from .safeguards import NonFiniteError, check_finite
+from .safeguards import NonFiniteError
 
 
 def loss_tokens(batch, task: str) -> torch.Tensor:
@@ -34,11 +39,13 @@ def loss_tokens(batch, task: str) -> torch.Tensor:
     return (labels != IGNORE_INDEX).sum()
 
 
-def window_step(accelerator, model, optimizer, scheduler, window: list, options, terms: dict | None = None
-                ) -> tuple[float, float | None]:
-    """Forward and backward of every micro-batch of `window`, then one optimizer step.
-    Returns (the window's mean token NLL over all processes, mean auxiliary loss or None); `terms`,
-    when given, receives the mean of each named part of the auxiliary loss (`outputs.aux_terms`)."""
+def window_step(accelerator, model, optimizer, scheduler, window: list, options, watch, terms: dict | None = None
+                ) -> tuple:
+    """Forward and backward of every micro-batch of `window`, then one optimizer step. Returns
+    (the window's mean token NLL over all processes, the mean auxiliary loss or None) as 0-d
+    tensors on the device, not read; the loss and the gradient norm are handed to `watch`. `terms`,
+    when given, receives the window's mean of each named part of the head's extra terms
+    (`outputs.aux_terms`), on the device too."""
     count = accelerator.reduce(sum(loss_tokens(b, options.task) for b in window).to(accelerator.device), "sum")
     processes, nll_total, aux_total = accelerator.num_processes, 0.0, None
     undo_division = accelerator.gradient_accumulation_steps  # see the module docstring
@@ -50,42 +57,68 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options,
             # processes' gradients are averaged; the auxiliary term is a per-micro-batch mean
             accelerator.backward((share * processes + (0.0 if aux is None else aux / len(window))) * undo_division)
             if accelerator.sync_gradients and options.max_grad_norm:
-                check_finite("gradient norm", accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm))
+                watch.add("gradient norm", accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm))
             optimizer.step()  # accelerate's wrappers step (and zero) on the synchronising micro-batch only
             scheduler.step()
             optimizer.zero_grad()
         nll_total += nll.detach()
         if aux is not None:
-            aux_total = (aux_total or 0.0) + aux.detach() / len(window)
+            aux_total = aux.detach() / len(window) + (0.0 if aux_total is None else aux_total)
         for name, value in (getattr(outputs, "aux_terms", None) or {}).items() if terms is not None else ():
-            terms[name] = terms.get(name, 0.0) + value.detach() / len(window)
-    nll_total = accelerator.reduce(torch.as_tensor(nll_total, device=accelerator.device), "sum").item()
-    aux_mean = None if aux_total is None else accelerator.reduce(aux_total, "mean").item()
+            terms[name] = value.detach() / len(window) + terms.get(name, 0.0)
+    nll_total = accelerator.reduce(nll_total, "sum")  # the same value on every process
+    watch.add("training loss", nll_total)
     for name, value in (terms or {}).items():
-        terms[name] = accelerator.reduce(torch.as_tensor(value, device=accelerator.device), "mean").item()
-    return nll_total, aux_mean
+        terms[name] = accelerator.reduce(value, "mean")
+    return nll_total, None if aux_total is None else accelerator.reduce(aux_total, "mean")
 
 
 class RunningLoss:
-    """Mean training loss (and auxiliary loss and its named parts, when the head has them) since the last log."""
+    """Mean training loss (and auxiliary loss and the named parts of a head's extra terms, when the
+    head has them) since the last log, summed on the device; `record` reads it."""
 
     def __init__(self):
-        self.loss, self.aux, self.steps, self.has_aux, self.terms = 0.0, 0.0, 0, False, {}
+        self.loss, self.aux, self.steps, self.terms = 0.0, None, 0, {}
 
-    def add(self, loss: float, aux: float | None, terms: dict | None = None) -> None:
+    def add(self, loss: torch.Tensor, aux: torch.Tensor | None, terms: dict | None = None) -> None:
         self.loss, self.steps = self.loss + loss, self.steps + 1
         if aux is not None:
-            self.has_aux, self.aux = True, self.aux + aux
+            self.aux = aux if self.aux is None else self.aux + aux
         for name, value in (terms or {}).items():
-            self.terms[name] = self.terms.get(name, 0.0) + value
+            self.terms[name] = value + self.terms.get(name, 0.0)
 
     def record(self, learning_rate: float) -> dict:
-        record = {"train_loss": self.loss / self.steps, "learning_rate": learning_rate}
-        if self.has_aux:
-            record["train_aux_loss"] = self.aux / self.steps
-        record.update({f"train_{name}": value / self.steps for name, value in self.terms.items()})
-        self.loss, self.aux, self.steps, self.terms = 0.0, 0.0, 0, {}
+        record = {"train_loss": float(self.loss) / self.steps, "learning_rate": learning_rate}
+        if self.aux is not None:
+            record["train_aux_loss"] = float(self.aux) / self.steps
+        record.update({f"train_{name}": float(value) / self.steps for name, value in self.terms.items()})
+        self.loss, self.aux, self.steps, self.terms = 0.0, None, 0, {}
         return record
+
+
+class NonFiniteWatch:
+    """The first optimizer step whose training loss or gradient norm was NaN or infinite, kept
+    on the device (no host sync per step); `check` reads it and raises `NonFiniteError`."""
+
+    WHAT = ("training loss", "gradient norm")
+
+    def __init__(self, device):
+        self.first = torch.zeros(3, dtype=torch.float32, device=device)  # step (0: none), which, value
+        self.step = 0
+
+    def add(self, what: str, value) -> None:
+        if value is None:  # a gradient norm DeepSpeed does not return
+            return
+        value = torch.as_tensor(value, device=self.first.device).detach().float()
+        new = torch.stack([value.new_full((), self.step), value.new_full((), self.WHAT.index(what)), value])  # no copy from the host
+        self.first.copy_(torch.where((self.first[0] == 0) & ~value.isfinite(), new, self.first))
+
+    def check(self) -> None:
+        step, which, value = self.first.tolist()
+        if step:
+            error = NonFiniteError(f"the {self.WHAT[int(which)]} is {value}")
+            error.step = int(step)
+            raise error
 
 
 def epoch_windows(accelerator, train_dl, progress, size: int):
@@ -100,12 +133,13 @@ def epoch_windows(accelerator, train_dl, progress, size: int):
 
 
 @contextlib.contextmanager
-def stop_on_non_finite(step: int, options):
-    """Turn a `NonFiniteError` of optimizer step `step` into one naming the step, the last good
-    checkpoint and what to change; nothing from this step on is saved."""
+def stop_on_non_finite(options):
+    """Turn a `NonFiniteError` of an optimizer step (`error.step`, `NonFiniteWatch`) into one naming
+    the step, the last good checkpoint and what to change; nothing from that step on is saved."""
     try:
         yield
     except NonFiniteError as error:
+        step = error.step
         found = complete_checkpoints(options.output_dir)
         kept = (f"The last good checkpoint, {found[-1]}, is kept: rerunning with --resume auto continues from it"
                 if found else "No checkpoint had been saved yet")
@@ -120,27 +154,31 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
     `stop_after_steps` interrupts only a run that started below it, so rerunning finishes."""
     bar = tqdm(total=max_steps, initial=progress.step, disable=not accelerator.is_local_main_process, desc="train")
     running, step_times, started = RunningLoss(), [], time.perf_counter()
+    watch = NonFiniteWatch(accelerator.device)
     stop_at = options.stop_after_steps if (options.stop_after_steps or 0) > progress.step else None
     while progress.step < max_steps:
         for window in epoch_windows(accelerator, train_dl, progress, options.gradient_accumulation_steps):
-            with stop_on_non_finite(progress.step + 1, options):
-                terms = {}
-                loss, aux = window_step(accelerator, model, optimizer, scheduler, window, options, terms)
-                check_finite("training loss", loss)
-            running.add(loss, aux, terms)
+            watch.step = progress.step + 1
+            terms = {}
+            running.add(*window_step(accelerator, model, optimizer, scheduler, window, options, watch, terms), terms)
             progress.batches_in_epoch += len(window)
             progress.step += 1
             step_times.append(time.perf_counter() - started)
             bar.update(1)
-            if progress.step % options.logging_steps == 0 or progress.step == max_steps:
+            stop = stop_at is not None and progress.step >= stop_at
+            save_now = (options.save_steps and progress.step % options.save_steps == 0) or stop
+            hooks_now = [hook for every, hook in hooks if every and progress.step % every == 0 and progress.step < max_steps]
+            logging_now = progress.step % options.logging_steps == 0 or progress.step == max_steps
+            if logging_now or save_now or hooks_now:  # the one host sync: nothing non-finite is logged, saved or evaluated
+                with stop_on_non_finite(options):
+                    watch.check()
+            if logging_now:
                 record = running.record(scheduler.get_last_lr()[0])
                 log.log(record, progress.step)
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}")
-            for every, hook in hooks:  # periodic evaluation, the head's periodic update
-                if every and progress.step % every == 0 and progress.step < max_steps:
-                    log.log({**hook(), "train_seconds": sum(step_times)}, progress.step)
-            stop = stop_at is not None and progress.step >= stop_at
-            if (options.save_steps and progress.step % options.save_steps == 0) or stop:
+            for hook in hooks_now:  # periodic evaluation, the head's periodic update
+                log.log({**hook(), "train_seconds": sum(step_times)}, progress.step)
+            if save_now:
                 save()
             if stop or progress.step >= max_steps:
                 bar.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -59,6 +60,8 @@ class TrainOptions:
     max_train_samples: int | None = opt(None, "Keep only this many training examples (after loading, before tokenising).")
     max_eval_samples: int | None = opt(None, "Keep only this many evaluation examples.")
     preprocessing_num_workers: int | None = opt(None, "Processes for dataset.map (not used when streaming).")
+    dataloader_num_workers: int = opt(0, "Worker processes that collate the training and evaluation batches while the "
+                                      "model computes (0: the main process); batches are pinned on a GPU.")
     # tokenizer
     tokenizer: str = opt("auto", "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path.")
     tokenizer_vocab_size: int = opt(8000, "Vocabulary (BPE code-dictionary) size of a trained tokenizer, special tokens included.")
@@ -84,6 +87,9 @@ class TrainOptions:
     max_grad_norm: float | None = opt(1.0, "Gradient clipping norm; null disables.")
     mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
+    torch_compile: bool = opt(False, "Compile the model with torch.compile (inductor; on a CPU it needs a C++ compiler): "
+                              "the backbone's and the head's layers fused, the head's fused losses eager. Not with FSDP or "
+                              "DeepSpeed.")
     code_reassign_steps: int | None = opt(None, "Heads that update themselves periodically (updates_periodically: lightrnn "
                                           "re-assigns its word-code table): every this many optimizer steps (default: eval_steps; 0: never, a fixed table).")
     # evaluation
@@ -95,6 +101,8 @@ class TrainOptions:
     sample_max_new_tokens: int = opt(40, "Causal LM: tokens of the generated sample.")
     # logging, checkpoints, publishing
     output_dir: str = opt("outputs/run", "Folder for the model, tokenizer, card, metrics.jsonl and checkpoints/.")
+    overwrite_output_dir: bool = opt(False, "Let the run write into an output_dir that holds a finished model or files "
+                                     "of no run (refused otherwise, as transformers' Trainer does).")
     logging_steps: int = opt(10, "Log the training loss every this many optimizer steps.")
     save_steps: int | None = opt(None, "Save an accelerate checkpoint every this many optimizer steps.")
     save_total_limit: int | None = opt(2, "Checkpoints kept (oldest deleted).")
@@ -169,7 +177,23 @@ def unknown_keys_error(keys, where: str) -> ValueError:
     return ValueError(f"Unknown option(s) {sorted(keys)} in {where}. Valid options: {', '.join(FIELDS)}.")
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"  # training/configs, installed as hf_outheads/training/configs
+
+
+def config_path(given: str) -> Path:
+    """`--config` as given; where no such file exists, `training/configs/<name>` (as the READMEs write
+    it) is the config shipped with the package, so the documented commands run from any folder."""
+    path = Path(given)
+    if not path.exists() and path.parts[:-1] == ("training", "configs") and (SHIPPED_CONFIGS / path.name).is_file():
+        return SHIPPED_CONFIGS / path.name
+    if not path.is_file():
+        raise ValueError(f"--config {given}: no such file. The shipped configs are training/configs/"
+                         f"{{{','.join(sorted(p.name for p in SHIPPED_CONFIGS.glob('*.yaml')))}}}.")
+    return path
+
+
 def load_yaml(path: str) -> dict:
+    path = config_path(path)
     with open(path) as handle:
         values = yaml.safe_load(handle) or {}
     if not isinstance(values, dict):
@@ -186,7 +210,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     for name, f in FIELDS.items():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         text = f.metadata["help"] if "default" in f.metadata["help"] else f"{f.metadata['help']} (default: {default!r})"
-        parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=text)
+        flag = {"nargs": "?", "const": "true"} if f.type == "bool" else {}  # `--flag` alone is true, as in HfArgumentParser
+        parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=text, **flag)
     return parser
 
 
@@ -220,7 +245,7 @@ def check_values(options: TrainOptions) -> TrainOptions:
         value, choices = getattr(options, name), f.metadata["choices"]
         if choices and value not in choices:
             raise ValueError(f"Option {name}={value!r} is not one of {list(choices)}.")
-        for kind in (dict, list):
+        for kind in (dict, list, bool):
             if kind.__name__ == f.type and not isinstance(value, kind):
                 raise ValueError(f"Option {name} must be a {kind.__name__}, got {value!r}.")
     check_sizes(options)

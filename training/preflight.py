@@ -7,7 +7,9 @@ wrong option fails in a second with one message instead of after the data is tok
   written for another head type or backbone family is refused here, naming both. What only
   the built model shows (head options, vocabulary, shapes) is still checked when the
   checkpoint is loaded (`checkpoints.check_identity`);
-- `push_to_hub`: the Hub reachable with a token (`check_hub`), not found out after training.
+- `push_to_hub`: the Hub reachable with a token (`check_hub`), not found out after training;
+- the launch: FSDP asked for on a machine without accelerator (`launching.check_sharding`) stops
+  before an output folder is made.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import json
 import os
 
-from training.checkpoints import MARKER, checkpoint_to_resume
+from .checkpoints import MARKER, checkpoint_to_resume
+from .launching import check_sharding
 
 
 def check_backbone(options) -> None:
-    from training.modeling import check_backbone as check_preset_or_pretrained
+    from .modeling import check_backbone as check_preset_or_pretrained
 
     check_preset_or_pretrained(options)
     vocab = options.model_overrides.get("vocab_size")
@@ -37,7 +40,7 @@ def planned_backbone(options) -> str | None:
     from transformers import AutoConfig
 
     import hf_outheads  # noqa: F401  (an OutHeads folder's config)
-    from training.modeling import PRESETS
+    from .modeling import PRESETS
 
     if options.model_preset:
         return PRESETS[options.model_preset][0]
@@ -85,6 +88,7 @@ def check_hub(options) -> None:
 
 
 def check_run(options) -> None:
+    check_sharding()
     check_backbone(options)
     check_checkpoint(options)
     check_hub(options)

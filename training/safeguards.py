@@ -1,5 +1,6 @@
-"""What keeps a run's work: one run per output_dir (`RunLock`), a stop at the first
-non-finite loss or gradient norm (`check_finite`), and a full disk named as such (`disk_full_error`)."""
+"""What keeps a run's work: one run per output_dir (`RunLock`), no earlier model replaced unless
+asked (`earlier_work`), a stop at the first non-finite loss or gradient norm (`check_finite`), and a
+full disk named as such (`disk_full_error`)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,33 @@ import time
 from pathlib import Path
 
 LOCK_FILE = ".train.lock"
+STARTING_S = 10.0  # an unreadable lock younger than this is a run writing it, not a killed one's
 
 
 class OutputDirInUse(ValueError):
     """Another run holds the output_dir's lock."""
+
+
+class EarlierWork(ValueError):
+    """The output_dir holds what the run would replace (`earlier_work`) and it was not told to overwrite."""
+
+
+def earlier_work(output_dir) -> str | None:
+    """What a run would replace in `output_dir`, said in words, or None. transformers' Trainer
+    convention: a run writes into a new or empty folder, or one of its own runs, unless told to
+    overwrite. Refused: a finished model (`config.json`, saved last by a finished run: its weights,
+    card, metrics and checkpoints would be replaced), and files of no run (neither `metrics.jsonl` nor
+    `checkpoints/`, which a run writes first). An unfinished run's folder is not: it is resumed (or,
+    with `resume: never`, started afresh)."""
+    folder = Path(output_dir)
+    if (folder / "config.json").is_file():
+        return (f"{folder} holds the finished model of an earlier run: this run would replace its weights, card, "
+                "metrics and checkpoints")
+    entries = sorted(p.name for p in folder.iterdir() if p.name != LOCK_FILE) if folder.is_dir() else []
+    if entries and not {"metrics.jsonl", "checkpoints"} & set(entries):
+        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        return f"{folder} is not empty ({shown}) and holds no run: this run would write over what is there"
+    return None
 
 
 class NonFiniteError(ValueError):
@@ -56,12 +80,17 @@ class RunLock:
     def _read(self) -> dict | None:
         try:
             return json.loads(self.path.read_text())
-        except (OSError, ValueError):  # gone, or left empty by a run killed while writing it
+        except (OSError, ValueError):  # gone, being written, or left empty by a run killed while writing it
             return None
 
     def _is_stale(self, owner: dict | None) -> bool:
-        if not owner or (owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname()):
-            return True  # none, or an earlier run in this same process (ended by an error)
+        if not owner:  # unreadable: being written by a run starting now, or left empty by one killed while writing it
+            try:
+                return time.time() - self.path.stat().st_mtime > STARTING_S
+            except FileNotFoundError:
+                return True
+        if owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():
+            return True  # an earlier run in this same process (ended by an error)
         if owner.get("host") != socket.gethostname():
             return False  # cannot tell: another machine's run
         started = _process_start(int(owner.get("pid", -1)))
@@ -79,10 +108,12 @@ class RunLock:
             except FileExistsError:
                 owner = self._read()
                 if not self._is_stale(owner):
+                    who = (f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}" if owner
+                           else "a run starting now, writing its lock")
                     raise OutputDirInUse(
-                        f"Another run is writing {self.path.parent}: pid {owner.get('pid')} on {owner.get('host')}, "
-                        f"started {owner.get('started')} (lock file {self.path}). Two runs on one output_dir would mix "
-                        "their checkpoints and weights: wait for it to finish, stop it, or use another --output_dir. "
+                        f"Another run is writing {self.path.parent}: {who} (lock file {self.path}). Two runs on one "
+                        "output_dir would mix their checkpoints and weights: wait for it to finish, stop it, or use "
+                        "another --output_dir. "
                         f"If that run is gone, delete {self.path}.") from None
                 if owner and owner.get("pid") != os.getpid():
                     note = f"Took over the stale lock {self.path} of an ended run (pid {owner.get('pid')})."

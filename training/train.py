@@ -1,15 +1,28 @@
 """Train an hf_outheads model (causal LM or seq2seq) with accelerate, evaluate it and publish it.
 
-    accelerate launch -m training.train --config training/configs/quickstart_lm.yaml [--key value ...]
+    hf-outheads train --config training/configs/quickstart_lm.yaml [--key value ...]
+    accelerate launch training/train.py --config training/configs/quickstart_lm.yaml [--key value ...]
 
 The head is part of the model config (`head_type`, `head_options`): nothing here depends
-on which head it is. `python -m training.train --help` lists every option.
+on which head it is. `hf-outheads train --help` lists every option.
 """
 
 from __future__ import annotations
 
-from training.options import TrainOptions, parse_options
-from training.preflight import check_run
+if not __package__:  # run by path (`accelerate launch training/train.py`): its modules are the installed package's
+    __package__ = "hf_outheads.training"
+
+from .launching import first_process
+from .options import TrainOptions, parse_options
+from .preflight import check_run
+
+
+def refusal(error) -> SystemExit:
+    """The exit of a run that cannot go on, which every process of a launch meets alike: one line on
+    stderr and a non-zero status from the launch's first process, so a launch of N processes says it
+    once. The others end silently with status 0: torchrun ends every worker at the first failure, and
+    a failing peer could end the first process before it has said why; the launch fails with it."""
+    return SystemExit(f"train.py: error: {error}" if first_process() else 0)
 
 
 def parse_args(argv=None):
@@ -19,13 +32,14 @@ def parse_args(argv=None):
         options = parse_options(argv, description=__doc__)
         check_run(options)
     except ValueError as error:
-        raise SystemExit(f"train.py: error: {error}") from None
+        raise refusal(error) from None
     return options
 
 
 if __name__ == "__main__":  # a wrong option is refused before the imports below, which take seconds
     OPTIONS = parse_args()
 
+import contextlib
 import math
 import os
 import shutil
@@ -35,23 +49,24 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import (DataLoaderConfiguration, DistributedType, ProjectConfiguration, broadcast_object_list,
+                               set_seed)
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, get_scheduler
 
 from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
-from training import data as data_lib
-from training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from training.evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
-from training.launching import accelerator_settings, check_process_count, check_sharding
-from training.loop import train_loop
-from training.modeling import build_model, parameter_counts, position_limit, step_flops
-from training.publish import finish_run
-from training.safeguards import NonFiniteError, OutputDirInUse, RunLock, release_run_locks
-from training.tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer,
-                                  whole_texts)
-from training.tracking import MetricsLog, Progress, trackers
+from . import data as data_lib
+from .checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from .evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
+from .launching import accelerator_settings, check_process_count, check_sharding
+from .loop import train_loop
+from .modeling import build_model, parameter_counts, position_limit, step_flops
+from .publish import finish_run
+from .safeguards import EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work, release_run_locks
+from .tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer,
+                           whole_texts)
+from .tracking import MetricsLog, Progress, trackers
 
 
 def get_tokenizer(accelerator, options, train_split, resuming: bool):
@@ -75,8 +90,9 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
         train, validation = data_lib.tokenised_splits(train_split, validation_split, tokenizer, options)
     collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=None)
     streaming = not hasattr(train, "__len__")
-    train_dl = DataLoader(train, shuffle=not streaming, batch_size=options.per_device_train_batch_size, collate_fn=collator)
-    eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, collate_fn=collator)
+    loading = dict(collate_fn=collator, num_workers=options.dataloader_num_workers, pin_memory=torch.cuda.is_available())
+    train_dl = DataLoader(train, shuffle=not streaming, batch_size=options.per_device_train_batch_size, **loading)
+    eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, **loading)
     gen_dl = None
     if options.generation_metrics:
         if options.task != "seq2seq":
@@ -85,13 +101,13 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
         if options.num_generation_examples is not None:
             subset = validation.take(options.num_generation_examples) if streaming else validation.select(
                 range(min(options.num_generation_examples, len(validation))))
-        gen_dl = DataLoader(subset, batch_size=options.per_device_eval_batch_size, collate_fn=collator)
+        gen_dl = DataLoader(subset, batch_size=options.per_device_eval_batch_size, **loading)
     return train_dl, eval_dl, gen_dl, (None if streaming else len(validation))
 
 
-def make_optimizer(model, options):
-    """AdamW; no weight decay on 1-d parameters (biases, norms); the head's own parameters
-    (not the shared embedding E) at `head_learning_rate` when it is set."""
+def make_optimizer(model, options, fused: bool = False):
+    """AdamW (torch's fused kernel when `fused`); no weight decay on 1-d parameters (biases, norms);
+    the head's own parameters (not the shared embedding E) at `head_learning_rate` when it is set."""
     head = {id(p) for p in model.head.parameters()}
     groups = []
     for in_head, lr in ((False, options.learning_rate), (True, options.head_learning_rate or options.learning_rate)):
@@ -100,7 +116,8 @@ def make_optimizer(model, options):
                       if p.requires_grad and (id(p) in head) == in_head and (p.ndim >= 2) == matrix]
             if params:
                 groups.append({"params": params, "weight_decay": decay, "lr": lr})
-    return torch.optim.AdamW(groups, lr=options.learning_rate, betas=(options.adam_beta1, options.adam_beta2))
+    return torch.optim.AdamW(groups, lr=options.learning_rate, betas=(options.adam_beta1, options.adam_beta2),
+                             fused=fused or None)
 
 
 def total_steps(options, train_dl) -> int:
@@ -130,7 +147,8 @@ def accelerator_for(options) -> Accelerator:
     """The Accelerator, accumulating `gradient_accumulation_steps` micro-batches per optimizer step
     (`loop.window_step`: `accelerator.accumulate`, DeepSpeed's own under DeepSpeed); several processes
     on a CPU-only machine form a CPU process group, and a launch asking for FSDP or DeepSpeed shards
-    or stops (`launching.accelerator_settings`, `launching.check_sharding`)."""
+    or stops (`launching.accelerator_settings`, `launching.check_sharding`). The output_dir is claimed
+    (`claim_output_dir`) before a tracker writes to it."""
     log_with = trackers(options.report_to)
     accelerator = Accelerator(
         mixed_precision=options.mixed_precision, log_with=log_with or None,
@@ -140,18 +158,43 @@ def accelerator_for(options) -> Accelerator:
     )
     try:
         check_sharding(accelerator)
+        if options.torch_compile and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            raise ValueError(f"torch_compile is not supported with {accelerator.distributed_type.value} here: launch "
+                             "without --torch_compile, or without the sharding config.")
         if accelerator.gradient_accumulation_steps != options.gradient_accumulation_steps:
             raise ValueError(f"The accelerate config sets gradient_accumulation_steps to "
                              f"{accelerator.gradient_accumulation_steps}, this run's options to "
                              f"{options.gradient_accumulation_steps}: remove it from the accelerate config (or set "
                              "both the same); train.py's option sets it.")
     except ValueError as error:
-        raise SystemExit(f"train.py: error: {error}") from None
+        raise refusal(error) from None
     check_process_count(accelerator)
+    claim_output_dir(accelerator, options)
     if log_with:
         accelerator.init_trackers("train", config={k: v for k, v in vars(options).items()
                                                    if isinstance(v, (int, float, str, bool))})
     return accelerator
+
+
+def claim_output_dir(accelerator, options) -> None:
+    """Before anything is written to output_dir: the main process makes it, takes its lock
+    (`lock_output_dir`) and checks that the run replaces nothing it was not told to replace
+    (`safeguards.earlier_work`); a refusal stops every process of the launch together."""
+    refused = None
+    if accelerator.is_main_process:
+        try:
+            os.makedirs(options.output_dir, exist_ok=True)
+            lock_output_dir(options.output_dir)
+            work = None if options.overwrite_output_dir else earlier_work(options.output_dir)
+            if work:
+                raise EarlierWork(f"{work}. Keep it with another --output_dir, or replace it with "
+                                  "--overwrite_output_dir true.")
+        except (OutputDirInUse, EarlierWork) as error:
+            refused = error
+    if accelerator.num_processes > 1:
+        refused = broadcast_object_list([refused])[0]
+    if refused is not None:
+        raise refused
 
 
 def lock_output_dir(output_dir) -> RunLock:
@@ -206,11 +249,9 @@ class PreparedRun:
 
 def prepare_run(options) -> PreparedRun:
     """Accelerator, data, tokenizer, model, optimizer and schedule, prepared; resumed from the
-    latest checkpoint when there is one."""
-    os.makedirs(options.output_dir, exist_ok=True)
-    accelerator = accelerator_for(options)
-    if accelerator.is_main_process:  # before anything in output_dir is written or removed
-        lock_output_dir(options.output_dir)
+    latest checkpoint when there is one. fp32 matrix products may use TF32 on a GPU."""
+    accelerator = accelerator_for(options)  # claims output_dir before anything in it is written or removed
+    torch.backends.cuda.matmul.allow_tf32 = True  # (the legacy switch: inductor reads the precision through it)
     set_seed(options.seed)
     checkpoint = checkpoint_to_resume(options.output_dir, options.resume)
     with accelerator.main_process_first():
@@ -226,7 +267,10 @@ def prepare_run(options) -> PreparedRun:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if options.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    counts, optimizer = parameter_counts(model), make_optimizer(model, options)
+    if options.torch_compile:
+        model.compile()  # in place: the same parameters, state-dict keys and save_pretrained
+    fused = accelerator.device.type == "cuda" and accelerator.distributed_type != DistributedType.DEEPSPEED
+    counts, optimizer = parameter_counts(model), make_optimizer(model, options, fused)
     counts["train_flops_per_step"] = step_flops(model, options, accelerator.num_processes)
     model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
     max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
@@ -247,12 +291,31 @@ def prepare_run(options) -> PreparedRun:
                        max_steps=max_steps, progress=progress, log=log)
 
 
+def eager(options):
+    """Where a compiled run (`torch_compile`) evaluates and generates: eagerly, so that evaluation
+    batches and every generation length cost no compilation (`torch.compiler.set_stance`, torch >= 2.6)."""
+    if options.torch_compile and hasattr(torch.compiler, "set_stance"):
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
+
+
+COMPILE_STEPS = 5  # a compiled run's first steps compile (and may recompile): left out of its step time
+
+
+def steady_step_time(step_times: list[float], options) -> float:
+    """Mean seconds of the steps after the warm-up: the first step, or with `torch_compile` the
+    first `COMPILE_STEPS` (when the run has more). A mean, not a median: no step waits for the
+    device, so a step's wall time is not its device time, but their sum is."""
+    warm = COMPILE_STEPS if options.torch_compile and len(step_times) > 2 * COMPILE_STEPS else 1
+    return sum(step_times[warm:]) / max(len(step_times) - warm, 1)
+
+
 def final_results(run, step_times) -> dict:
     options, accelerator = run.options, run.accelerator
     results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True,
                            bands=FrequencyBands(run.word_counts))
     results.update(run.counts, validation_examples=run.n_validation,
-                   train_step_time_s=sum(step_times[1:]) / max(len(step_times) - 1, 1))  # the first step warms up
+                   train_step_time_s=steady_step_time(step_times, options))
     if options.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
         prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
         model = accelerator.unwrap_model(run.model)
@@ -289,8 +352,9 @@ def run_training(options) -> dict:
     accelerator = run.accelerator
 
     def evaluate():
-        return {**evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options),
-                "train_flops": run.progress.step * run.counts["train_flops_per_step"]}
+        with eager(options):
+            results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
+        return {**results, "train_flops": run.progress.step * run.counts["train_flops_per_step"]}
 
     def save():
         save_checkpoint(accelerator, run.model, options.output_dir, vars(run.progress), options.save_total_limit)
@@ -303,7 +367,8 @@ def run_training(options) -> dict:
                           "to resume and finish.")
         accelerator.end_training()
         return {"interrupted": True, "step": run.progress.step}
-    results = final_results(run, step_times)
+    with eager(options):
+        results = final_results(run, step_times)
     results["train_flops"] = run.progress.step * run.counts["train_flops_per_step"]
     run.log.log({"event": "final", "train_seconds": sum(step_times),
                  **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt", "sample_max_new_tokens")}}, run.progress.step)
@@ -334,8 +399,8 @@ def main(argv=None, options: TrainOptions | None = None):
     options = options or parse_args(argv)
     try:
         training_function(options)
-    except (NonFiniteError, OutputDirInUse) as error:  # said in full: no traceback
-        raise SystemExit(f"train.py: error: {error}") from None
+    except (NonFiniteError, OutputDirInUse, EarlierWork) as error:  # said in full: no traceback
+        raise refusal(error) from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+"""`hf-outheads`, the installed command (pyproject.toml `[project.scripts]`):
+
+    hf-outheads quickstart [--task lm|seq2seq|both] [--output_root outputs]   # the main job, offline
+    hf-outheads train --config training/configs/quickstart_lm.yaml [--key value ...]
+    hf-outheads export <trained_dir> <out_dir> [--approximate --text-file FILE] [--overwrite]
+
+Each runs a module of `hf_outheads.training` (the repository's `training/` folder, installed under
+the package) as `python -m` would, in this process: `quickstart`, `train` and `export_plain`.
+`train` is one process; several go through accelerate: `accelerate launch -m hf_outheads.training.train
+...` (or, in a checkout, `accelerate launch training/train.py ...`). `hf-outheads <command> --help`
+lists a command's options.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import runpy
+import sys
+
+COMMANDS = {  # command -> (module of hf_outheads.training, what it does)
+    "quickstart": ("quickstart", "the offline quickstart: train, evaluate and publish two tiny models"),
+    "train": ("train", "train, evaluate and publish a model (one process)"),
+    "export": ("export_plain", "write a trained model as its backbone's own transformers class"),
+}
+TRAIN_STACK = ("yaml", "accelerate", "datasets", "tokenizers", "evaluate", "sacrebleu")  # imported by every command
+
+
+def usage() -> str:
+    rows = "\n".join(f"  {name:<11} {what}" for name, (_, what) in COMMANDS.items())
+    return f"usage: hf-outheads <command> [options]\n\ncommands:\n{rows}\n\n`hf-outheads <command> --help` lists its options."
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    if argv[0] not in COMMANDS:
+        raise SystemExit(f"hf-outheads: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.")
+    missing = [name for name in TRAIN_STACK if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"hf-outheads {argv[0]}: error: the training stack is not installed ({', '.join(missing)}): "
+                         "pip install 'hf_outheads[train]'.")
+    sys.argv = [f"hf-outheads {argv[0]}", *argv[1:]]  # argparse's prog, in usage and errors
+    runpy.run_module(f"hf_outheads.training.{COMMANDS[argv[0]][0]}", run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
