@@ -123,10 +123,6 @@ class OutputHead(nn.Module):
         spec = next((f.metadata["spec"] for f in dataclasses.fields(cls.Options) if f.name == "training_loss"), None)
         return spec.choices if spec is not None else ("exact",)
 
-    @classmethod
-    def offers_sampled_loss(cls) -> bool:
-        return "sampled" in cls.training_losses()
-
     def __init__(self, options: HeadOptions, dims: HeadDims):
         """`options`: resolved for `dims` (`options.resolve(dims)`; a model's come from
         `OutHeadsConfig.resolved_head_options`). Sub-classes read `self.options`."""

@@ -113,9 +113,6 @@ class ScaledMap(nn.Module):
         weight = self.scale * self.weight
         return weight + self.base * self.identity(weight) if self.base else weight
 
-    def effective_bias(self) -> torch.Tensor | None:
-        return self.bias if self.bias is None or not self.scaled_bias else self.scale * self.bias
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`scale * (A x) + base * (I x) + b`: elementwise work on x's rows, not on a d x d
         weight and identity rebuilt per call (which a one-position generation step notices)."""

@@ -155,7 +155,7 @@ def test_a_scaled_map_computes_its_effective_linear_map(in_dim, out_dim, init):
 @pytest.mark.parametrize("in_dim, d", [(8, 8), (8, 5), (5, 8)])
 def test_a_latent_scaled_map_is_the_same_formula_with_copies_and_a_scaled_bias(in_dim, d):
     """The mixtures' latent maps are `ScaledMap`s too: 3 copies of the identity, `base = 1 - s`,
-    bias `s c`; forward equals `F.linear` with `effective_weight()` and `effective_bias()`, and
+    bias `s c`; forward equals `F.linear` with `effective_weight()` and the bias `s c`, and
     `set_effective_weight` stores a given map whatever `s`."""
     from hf_outheads.scaled_map import ScaledMap
 
@@ -165,7 +165,7 @@ def test_a_latent_scaled_map_is_the_same_formula_with_copies_and_a_scaled_bias(i
         layer.weight.normal_()
         layer.bias.normal_()
     x = torch.randn(2, 4, in_dim, dtype=torch.float64)
-    want = torch.nn.functional.linear(x, layer.effective_weight(), layer.effective_bias())
+    want = torch.nn.functional.linear(x, layer.effective_weight(), 0.1 * layer.bias)
     torch.testing.assert_close(layer(x), want)
     eye = torch.eye(d, in_dim, dtype=torch.float64).repeat(3, 1)
     torch.testing.assert_close(layer.effective_weight(), 0.9 * eye + 0.1 * layer.weight)
