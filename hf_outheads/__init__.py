@@ -12,7 +12,7 @@ from transformers import AutoConfig
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
 from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, next_token_labels
-from .options import HeadDims, HeadOptions
+from .head_options import HeadDims, HeadOptions
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 AutoConfig.register(OutHeadsConfig.model_type, OutHeadsConfig, exist_ok=True)

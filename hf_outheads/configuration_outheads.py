@@ -13,7 +13,7 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .backbones import head_dims, hidden_scale
 from .head_catalog import get_head_class
-from .options import HeadOptions
+from .head_options import HeadOptions
 
 FROM_BACKBONE = ("Build the model with OutHeadsForCausalLM.from_backbone(...) / OutHeadsForSeq2SeqLM.from_backbone(...) "
                  "(a plain transformers model or its folder), or OutHeadsConfig(text_config=..., head_type=...).")

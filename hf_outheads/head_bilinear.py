@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from .options import HeadDims
+from .head_options import HeadDims
 from .scaled_map import MapOptions
 from .head_interface import Paper, TiedToEmbeddings
 from .softmax import SoftmaxHead

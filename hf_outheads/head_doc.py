@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from .head_interface import IGNORE_INDEX, HeadInputs, Paper
 from .latents import MixtureOptions
 from .mixture import MixtureHead
-from .options import HeadDims, flag, number, pairs
+from .head_options import HeadDims, flag, number, pairs
 
 
 def resolve_layer(layer: int, num_layers: int) -> int:
@@ -107,7 +107,7 @@ class DOCHead(MixtureHead):
         """`lambda * (std(B) / mean(B))^2`, `B = sum of pi over the non-ignored positions` (Eq. 12-13)."""
         if self.options.regularizer_weight == 0:
             return None
-        prior = log_prior.exp().reshape(-1, self.num_components)
+        prior = log_prior.exp().reshape(-1, self.total_components)
         keep = (labels.reshape(-1) != IGNORE_INDEX).to(prior.dtype)
         total = (prior * keep.unsqueeze(-1)).sum(0)  # B, (J,)
         mean = total.mean()

@@ -43,7 +43,7 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import initialization as init
 
-from .options import HeadDims, choice, flag, integer, number, require_tied_width
+from .head_options import HeadDims, choice, flag, integer, number, require_tied_width
 from .head_interface import Paper, TiedToEmbeddings
 from .softmax import EncodedLabelsOptions, SoftmaxHead
 

@@ -1,4 +1,4 @@
-"""The output-head interface shared by every head (options: `options.py`).
+"""The output-head interface shared by every head (options: `head_options.py`).
 
 A head turns the backbone's final hidden states (and, when it asks for them, the input
 embedding matrix or middle-layer states) into next-token scores over the vocabulary.
@@ -21,7 +21,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .loss_kernels import own_path
-from .options import HeadDims, HeadOptions
+from .head_options import HeadDims, HeadOptions
 
 IGNORE_INDEX = -100  # labels the loss skips (transformers' convention)
 

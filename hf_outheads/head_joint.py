@@ -36,7 +36,7 @@ from typing import ClassVar
 
 import torch
 
-from .options import HeadDims, choice, integer
+from .head_options import HeadDims, choice, integer
 from .scaled_map import MapOptions, ScaledMap
 from .head_interface import Paper, TiedToEmbeddings
 from .softmax import SoftmaxHead

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadDims
+from .head_options import HeadDims
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 

@@ -60,7 +60,7 @@ from typing import ClassVar
 from .head_interface import Paper
 from .latents import KONG_2019, MixtureOptions
 from .mixture import MixtureHead
-from .options import integer
+from .head_options import integer
 
 YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Model", "https://arxiv.org/abs/1711.03953",
                   """\

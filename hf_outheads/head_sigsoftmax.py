@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits, training_mode
 from .head_linear import OwnOutputMatrix
 from .losses import mixture_nll_sum
-from .options import HeadDims, HeadOptions, choice, flag
+from .head_options import HeadDims, HeadOptions, choice, flag
 
 
 def sigsoftmax_scores(z: torch.Tensor) -> torch.Tensor:

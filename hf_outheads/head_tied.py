@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from .options import HeadDims, require_tied_width
+from .head_options import HeadDims, require_tied_width
 from .head_interface import Paper, TiedToEmbeddings
 from .softmax import SoftmaxHead, SoftmaxOptions
 

@@ -13,7 +13,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .head_interface import HeadInputs, Paper
-from .options import HeadDims, choice, flag, integer, number, probability
+from .head_options import HeadDims, choice, flag, integer, number, probability
 from .scaled_map import MapScaleOptions, ScaledMap
 
 # the paper of the mixtures with a code table (Efficient MoS, HybridLightRNN): cited by `mos` and `lightrnn`
@@ -84,9 +84,9 @@ class PriorAndLatents:
         """`with_prior=False`: log pi = 0, one component (no parameter without a gradient)."""
         self.groups = tuple((int(layer), int(count)) for layer, count in groups)
         self.latent_size = latent_size
-        self.num_components = sum(count for _, count in self.groups)
+        self.total_components = sum(count for _, count in self.groups)  # J: every group's components (mos: K)
         hidden_dim = self.dims.hidden_dim
-        prior = nn.Linear(hidden_dim, self.num_components, bias=False)  # drawn either way: same seed, same init
+        prior = nn.Linear(hidden_dim, self.total_components, bias=False)  # drawn either way: same seed, same init
         self.prior = prior if with_prior else None
         self.latents = nn.ModuleList(ScaledMap(hidden_dim, c * latent_size, True, self.latent_scale, self.latent_base,
                                                copies=c, scaled_bias=True) for _, c in self.groups)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadOptions, choice, number
+from .head_options import HeadOptions, choice, number
 from .softmax import EncodedLabelsOptions
 
 INITS = ("identity", "uniform")

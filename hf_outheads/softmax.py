@@ -30,7 +30,7 @@ from transformers import initialization as init
 from .head_interface import (HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits, training_mode,
                              word_count_vector)
 from .losses import linear_cross_entropy
-from .options import HeadOptions, choice, flag, number
+from .head_options import HeadOptions, choice, flag, number
 from .loss_kernels import PEER_KERNELS, fastest_kernel
 from .sampled_softmax import sampled_nll_sum
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -260,7 +261,7 @@ def test_shipped_configs_parse_and_name_valid_head_options(config):
 
     if config.name.startswith("scale_"):  # studies/scale_heads.py's own options, its variants by the same rule
         variants = yaml.safe_load(config.read_text())["head_options_by_head"]
-        assert [head_spec(name, variants).head_type for name in variants] == ["mos", "drill"]
+        assert variants and {head_spec(name, variants).head_type for name in variants} <= set(HEAD_CLASSES)
         return
     opts = parse_options(["--config", str(config)])  # checks the chosen head's options
     for name in opts.head_options_by_head:  # every variant compare_heads.py may run from it
@@ -415,3 +416,15 @@ def test_scripts_run_as_modules_and_documented_commands_say_so():
                  *(root / "training" / "configs").glob("*.yaml"), *(root / "studies" / "configs").glob("*.yaml")]
     assert {str(p.relative_to(root)): by_path.findall(p.read_text()) for p in documents
             if by_path.search(p.read_text()) and p.name != Path(__file__).name} == {}
+
+
+def test_the_corpus_does_not_depend_on_where_or_how_python_was_started():
+    """The quickstart's numbers differed between `python -m accelerate.commands.launch` and
+    `accelerate launch` (sys.executable `.../python` or `.../python3`) and between machines: a
+    signature default (`platform.architecture(executable=sys.executable)`) put the interpreter's
+    path into the corpus."""
+    from training.stdlib_corpus import build_records
+
+    texts = [row["text"] for rows in build_records("text").values() for row in rows]
+    assert not [text for text in texts if sys.executable in text]
+    assert any(text.startswith("platform.architecture(executable=sys.executable") for text in texts)

@@ -19,12 +19,12 @@ import os
 
 from .checkpoints import MARKER, checkpoint_to_resume
 from .launching import check_sharding
+from .modeling import check_backbone
 
 
-def check_backbone(options) -> None:
-    from .modeling import check_backbone as check_preset_or_pretrained
-
-    check_preset_or_pretrained(options)
+def check_tokenizer(options) -> None:
+    """A tokenizer that can serve the backbone: `auto` needs a pretrained model, and a trained BPE
+    no larger than a preset's overridden vocabulary."""
     vocab = options.model_overrides.get("vocab_size")
     if options.model_preset and isinstance(vocab, int) and options.tokenizer == "bpe" \
             and vocab < options.tokenizer_vocab_size:
@@ -90,5 +90,6 @@ def check_hub(options) -> None:
 def check_run(options) -> None:
     check_sharding()
     check_backbone(options)
+    check_tokenizer(options)
     check_checkpoint(options)
     check_hub(options)
