@@ -40,7 +40,6 @@ Conversion from a pretrained LM is exact only without middle-layer components
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +63,6 @@ def resolve_layer(layer: int, num_layers: int) -> int:
 
 @dataclass
 class DOCOptions(MixtureOptions):
-    head_type: ClassVar[str] = "doc"
-
     components: list = pairs(lambda: [[-1, 15], [-2, 5]], names=("layer", "count"))
     regularizer_weight: float = number(0.001, low=0.0)
     middle_layer_norm: bool = flag(True)

@@ -77,8 +77,11 @@ class OutputHead(nn.Module):
     """Interface of every output head.
 
     Facts every head class states about itself, from which the catalog's users derive their
-    lists (model cards, benchmarks, the export's capability table, the contract tests), so that a
-    new head is its own file plus its line in `head_catalog.py`:
+    lists (model cards, benchmarks, the export's capability table, the README's tables, the
+    contract and sharded-training tests), so that a new head is its own file plus its line in
+    `head_catalog.py`:
+      - `head_type`: its name, stated once: its `Options` class (its own, a `HeadOptions`
+        subclass) takes it from here;
       - `papers`: the papers it implements (card tags and citations);
       - `exact_plain_export`: with its default options `export_plain` writes a stock LM head
         whose logits are the head's (a single softmax of an affine map of `h`);
@@ -95,6 +98,10 @@ class OutputHead(nn.Module):
       - `layer_indices`: indices into the backbone's `hidden_states` the head needs besides
         the final hidden state (0 = embedding output); empty for most heads.
       - `returns_log_probs`: `logits` holds normalised log-probabilities (mixtures).
+      - `reads_embeddings`: its scores read the backbone's input embedding matrix `E` (a
+        `TiedToEmbeddings` head then shows `E` as its `weight`, which keeps them in one FSDP group).
+    A head's dropout is an `nn.Dropout`'s rate `p` (its option sets it), so that what switches
+    every dropout off (TRL's `disable_dropout_in_model`, the sharded tests) reaches it.
     Optional training hooks (no-ops here), which training loops call for any head:
       - `set_word_counts(counts)`: training-set word frequencies, once before training;
       - `updates_periodically`: the head learns something besides its parameters by
@@ -117,6 +124,16 @@ class OutputHead(nn.Module):
     benchmark_options: ClassVar[dict[str, dict]] = {"": {}}
     contract_options: ClassVar[dict] = {}
 
+    def __init_subclass__(cls, **kwargs):
+        """A class naming its `head_type` hands it to its `Options` (which no other head may use)."""
+        super().__init_subclass__(**kwargs)
+        if "head_type" in vars(cls):
+            owner = vars(cls.Options).get("head_type")
+            if owner not in (None, cls.head_type):
+                raise TypeError(f"{cls.__name__}.Options ({cls.Options.__name__}) belongs to head '{owner}': "
+                                f"give head '{cls.head_type}' an options class of its own (a subclass).")
+            cls.Options.head_type = cls.head_type
+
     @classmethod
     def training_losses(cls) -> tuple[str, ...]:
         """The `training_loss` choices its options declare; `("exact",)` when it has no such option."""
@@ -138,6 +155,11 @@ class OutputHead(nn.Module):
     @property
     def layer_indices(self) -> tuple[int, ...]:
         return ()
+
+    @property
+    def reads_embeddings(self) -> bool:
+        """Whether the scores read `E` (see the class docstring). Default: no."""
+        return False
 
     def bind_input_embeddings(self, module: nn.Module) -> None:
         """The model hands over the embedding module whose weight is `E` (at build and after a

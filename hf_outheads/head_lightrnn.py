@@ -65,7 +65,8 @@ from .head_options import HeadDims, choice, integer
 
 @dataclass
 class LightRNNOptions(MixtureOptions):
-    head_type: ClassVar[str] = "lightrnn"
+    # plain maps (map_scale 1) from scratch too: every measurement of this head used them
+    scratch_defaults: ClassVar[dict] = {"map_scale": 1.0}
 
     num_components: int = integer(1, minimum=1)
     num_exclusive: int | None = integer(None, minimum=0, optional=True)

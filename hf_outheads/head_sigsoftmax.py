@@ -58,7 +58,6 @@ class SigSoftmaxOptions(HeadOptions):
     a softmax, so it is not offered) or "auto" (default: "chunked" on a CUDA device, "full"
     elsewhere); output_bias: learn `b`."""
 
-    head_type: ClassVar[str] = "sigsoftmax"
     # configs saved while these options inherited `linear`'s: the sampled loss's options, never read
     retired_options: ClassVar[tuple[str, ...]] = ("sampled_fraction", "sampled_proposal")
 

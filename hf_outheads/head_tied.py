@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
 from .head_options import HeadDims, require_tied_width
@@ -13,10 +11,8 @@ from .softmax import SoftmaxHead, SoftmaxOptions
 
 
 class TiedOptions(SoftmaxOptions):
-    head_type: ClassVar[str] = "tied"
-
     def complete(self, dims: HeadDims) -> None:
-        require_tied_width("tied", dims, "scores E h", "'bilinear' or 'linear'")
+        require_tied_width(self.head_type, dims, "scores E h", "'bilinear' or 'linear'")
 
 
 class TiedHead(TiedToEmbeddings, SoftmaxHead):

@@ -6,6 +6,7 @@ latent maps' `map_scale` and the latents' dropout."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,11 @@ class MixtureOptions(MapScaleOptions):
     # std of that noise on the effective maps, which lets identical components drift apart
     latent_init_noise: float = number(0.02, 0.0)
     # map_scale (`MapScaleOptions`): how far a step of the stored latent parameters moves the latent
-    # maps (`PriorAndLatents`); configs saved before the option had plain maps (its `saved` default)
+    # maps (`PriorAndLatents`): 0.01 from scratch (measured: with plain maps `mos` ended behind its own
+    # K = 1 case), 1 converted; configs saved before the option had plain maps
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}
+    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
+    saved_defaults: ClassVar[dict] = {"map_scale": 1.0}
 
     def complete(self, dims: HeadDims) -> None:
         if self.tied and self.latent_dim not in (None, dims.embed_dim):

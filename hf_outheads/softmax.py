@@ -52,8 +52,6 @@ class SoftmaxOptions(HeadOptions):
     output_bias: learn a per-word output bias `b` (the papers' form); False: no bias, so that
     the trained head exports exactly as a stock LM head without one (GPT-2, Llama, T5, ...)."""
 
-    head_type: ClassVar[str] = "softmax"  # each head subclasses these with its own name
-
     training_loss: str = choice("auto", TRAINING_LOSSES)
     loss_kernel: str = choice("auto", LOSS_KERNELS)
     sampled_fraction: float = number(0.25, 0.0, 1.0, open_low=True)

@@ -19,7 +19,7 @@ from studies.study_plots import plot_curves
 
 
 def fake_run(name, seed, ppl, curve, flops_per_step=1e12, bands=None):
-    return {"name": name, "head": name.split("-")[0], "head_options": {}, "seed": seed, "eval_perplexity": ppl,
+    return {"name": name, "head": name, "head_options": {}, "seed": seed, "eval_perplexity": ppl,
             "parameters": 100, "head_parameters": 10, "train_step_time_s": 0.1 * (2 if name != "tied" else 1),
             "train_flops": flops_per_step * curve[-1][0],
             **({"eval_bands": {b: {"perplexity": v} for b, v in bands.items()}} if bands else {}),
