@@ -186,5 +186,5 @@ def test_every_head_with_scaled_maps_states_its_map_scale_defaults():
     for name, options in with_maps.items():
         given = HEAD_CLASSES[name].contract_options
         scratch = options.from_dict(given).resolve(dims).map_scale
-        converted = options.from_dict(options.for_conversion(given)).resolve(dims).map_scale
+        converted = options.from_dict(given).for_conversion().resolve(dims).map_scale
         assert isinstance(scratch, float) and 0 < scratch <= 1 and converted == 1.0, (name, scratch, converted)

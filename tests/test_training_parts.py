@@ -271,6 +271,27 @@ def test_shipped_configs_parse_and_name_valid_head_options(config):
 QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "quickstart_lm.yaml"
 
 
+def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path, monkeypatch):
+    """From the command line to the head, a run builds its head's options object once, checked when
+    the options are parsed (`HeadSpec`), and the model resolves that object for its sizes: two
+    objects in all, whatever checks the run makes in between."""
+    from hf_outheads.head_mos import MoSOptions
+    from training.modeling import build_model
+    from training.preflight import check_run
+
+    built, check = [], MoSOptions.__post_init__
+    monkeypatch.setattr(MoSOptions, "__post_init__", lambda self: (built.append(self), check(self))[1])
+    opts = parse_options(["--config", str(QUICKSTART_LM), "--head_type", "mos", "--head_options", "{num_components: 2}",
+                          "--output_dir", str(tmp_path)])
+    check_run(opts)
+    model = build_model(opts, train_tokenizer(TEXTS, "bpe", 300))
+    assert len(built) == 2 and built[0] is opts.head_spec().options and model.head.options is built[1]
+    assert (built[0].num_components, built[0].map_scale) == (2, None)  # as given: defaults come with the sizes
+    assert (built[1].num_components, built[1].map_scale, built[1].resolved_for) == (2, 0.01, model.head.dims)
+    opts.head_options = {"num_components": 3}  # changed options: built anew
+    assert opts.head_spec().options.num_components == 3
+
+
 def test_a_backbone_flag_takes_the_place_of_the_configs():
     """--pretrained replaces the config's preset (and the tokenizer trained for it: a trained
     BPE cannot fit a pretrained model's embeddings); --model_preset replaces a config's pretrained."""
