@@ -8,4 +8,6 @@ import torch  # noqa: E402
 
 from downloads import pytest_configure, pytest_runtest_makereport  # noqa: E402, F401  (the `downloads` marker)
 
+collect_ignore = ["vendor"]  # transformers' test modules, run by tests/test_transformers_common.py
+
 torch.set_num_threads(1)  # one thread per test process: tiny models gain nothing from more
