@@ -83,6 +83,8 @@ class OutputHead(nn.Module):
       - `head_type`: its name, stated once: its `Options` class (its own, a `HeadOptions`
         subclass) takes it from here;
       - `papers`: the papers it implements (card tags and citations);
+      - `plain_export_limit`: one phrase: why it has no plain export (`exact_plain_export` False;
+        also its refusal's reason), or which of its options have none (the serving table);
       - `exact_plain_export`: with its default options `export_plain` writes a stock LM head
         whose logits are the head's (a single softmax of an affine map of `h`);
       - `exact_conversion`: with its default options, converted (`from_backbone`) from a tied LM
@@ -120,6 +122,7 @@ class OutputHead(nn.Module):
     updates_periodically: ClassVar[bool] = False
     papers: ClassVar[tuple[Paper, ...]] = ()
     exact_plain_export: ClassVar[bool] = False
+    plain_export_limit: ClassVar[str] = ""
     exact_conversion: ClassVar[bool] = False
     benchmark_options: ClassVar[dict[str, dict]] = {"": {}}
     contract_options: ClassVar[dict] = {}
@@ -214,11 +217,10 @@ class OutputHead(nn.Module):
         """`(weight, bias)` of the plain LM head `weight h + bias` (bias None: no bias) that
         computes this head's inference-time (eval mode) scores, for `export_plain`; a ValueError
         saying why when there is none. Default: none, for heads whose distribution is not one
-        softmax of an affine map of `h` (the mixtures `mos`, `doc`, `lightrnn`)."""
-        raise ValueError(
-            f"Head '{self.head_type}' has no plain equivalent: its next-token distribution is not one softmax of "
-            "an affine map of the hidden state (a mixture of softmaxes is not a softmax), so no stock transformers "
-            "LM head computes it. Serve the model with hf_outheads (or trust_remote_code=True).")
+        softmax of an affine map of `h` (the mixtures, `lightrnn`, `sigsoftmax`: `plain_export_limit`)."""
+        reason = self.plain_export_limit or "its distribution is not one softmax of an affine map of `h`"
+        raise ValueError(f"Head '{self.head_type}' has no plain equivalent: {reason}, so no stock transformers LM head "
+                         "computes it. Serve the model with hf_outheads (or trust_remote_code=True).")
 
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Training-set frequency of every word (`|V|` counts). Training pipelines call it once

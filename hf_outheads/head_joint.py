@@ -88,6 +88,8 @@ class JointHead(TiedToEmbeddings, SoftmaxHead):
   pages = {73--83}
 }""", arxiv="1808.10681"),)
     exact_plain_export = exact_conversion = True  # with identity activation (the default)
+    plain_export_limit = ("not with a tanh, sigmoid or relu context (`form` `both` or `context`): `act(V h + b_v)` "
+                          "is not affine in `h`")
     benchmark_options = {"": {}}  # joint_dim = d_h
     contract_options = {"joint_dim": 16}
 

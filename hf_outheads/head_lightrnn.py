@@ -89,6 +89,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     head_type = "lightrnn"
     Options = LightRNNOptions
     returns_log_probs = True
+    plain_export_limit = "a word's probability is a product of its codes' softmaxes (a mixture of them with K > 1)"
     papers = (KONG_2019, Paper("LightRNN: Memory and Computation-Efficient Recurrent Neural Networks",
                                "https://arxiv.org/abs/1610.09893", """\
 @inproceedings{li2016lightrnn,

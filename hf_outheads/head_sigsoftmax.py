@@ -79,6 +79,7 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
   year = {2018}
 }""", arxiv="1805.10829"),)
     benchmark_options = {"": {}, "chunked": {"training_loss": "chunked"}}
+    plain_export_limit = "`softmax(z + log sigmoid(z))` is not a softmax of an affine map of `h`"
 
     def __init__(self, options: SigSoftmaxOptions, dims: HeadDims):
         super().__init__(options, dims)
@@ -98,10 +99,6 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
     def loss_path(self, device: torch.device) -> str:
         mode = training_mode(self.options.training_loss, True, device)
         return super().loss_path(device) if mode == "chunked" else mode
-
-    def equivalent_lm_head(self, embeddings):
-        raise ValueError("Head 'sigsoftmax': exp(z) sigma(z) normalised is not the softmax of an affine map of h, so "
-                         "no plain LM head computes it. Serve it with hf_outheads.")
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """`W`, `b` copied: approximate (returns False)."""

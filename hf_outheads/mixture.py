@@ -48,6 +48,7 @@ class MixtureHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     `bias` (b, shared by the components)."""
 
     returns_log_probs = True
+    plain_export_limit = "a mixture of softmaxes is not one softmax"
 
     def __init__(self, options: MixtureOptions, dims: HeadDims):
         super().__init__(options, dims)

@@ -62,7 +62,9 @@ class ToyOptions(LinearOptions):
 class ToyHead(LinearHead):
     head_type = "toy"
     Options = ToyOptions
-    papers = (Paper("A Toy Output Layer", "https://example.org/toy", "@misc{toy2026, title = {A Toy}}", arxiv="2601.00001"),)
+    papers = (Paper("A Toy Output Layer", "https://example.org/toy",
+                    "@misc{toy2026, title = {A Toy}, author = {Doe, Jane and Roe, Richard}, year = {2026}}",
+                    arxiv="2601.00001"),)
     exact_plain_export = True
     benchmark_options = {"": {}, "small": {"output_bias": False}}
     contract_options = {"output_bias": False}
@@ -92,6 +94,9 @@ measured = run_case(dict(head="toy-small", vocab=64, positions=32, reps=1, threa
                          dtype="fp32", backbone="gpt2-tiny", gen_tokens=0, gen_reps=1))
 assert measured["step_s"] > 0 and measured["step_vs_tied"] > 0, measured
 assert plain_export_capabilities()["toy"] is True
+from studies.doc_tables import head_table, serving_table
+assert "| `toy` | [Doe & Roe 2026](https://arxiv.org/abs/2601.00001) | yes |" in head_table(), head_table()
+assert "`toy`" in next(line for line in serving_table().splitlines() if line.startswith("| `linear`"))
 assert HEAD_CASES["toy"] == {"output_bias": False}
 assert model.export_plain(sys.argv[1]).exact
 print("toy everywhere")
@@ -105,7 +110,8 @@ def test_every_registered_head_has_a_case():
 def test_a_new_head_is_one_file_and_one_catalog_line(tmp_path):
     """A throwaway head in a copy of the package: its file plus one import line in head_catalog.py,
     nothing else; its card (tags and citation), the benchmark's cases (one measured), the export's
-    capability table, the contract cases and the sharded-training cases all pick it up, and the
+    capability table, the README's head and serving tables, the contract cases and the
+    sharded-training cases all pick it up, and the
     FSDP2 worker trains it on two processes as it trains unsharded."""
     import shutil
     from pathlib import Path
