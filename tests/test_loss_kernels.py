@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():  # before Triton is first imported (by softmax_kernels, below)
+if not torch.cuda.is_available():  # set by conftest.py too, before any test module imports Triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hf_outheads import losses, loss_kernels
