@@ -46,22 +46,29 @@ import subprocess
 import sys
 
 from benchmarks.bench_gpu import cpu_clock
+from benchmarks.reference_mos import COMPARED, use_reference_mos
+from training.options import head_spec
 
 
-def head_options() -> dict[str, dict]:
-    """Every case: `tied` and `backbone` (the ratios' bases; `backbone` is the backbone alone, the
-    loss on its hidden states: the part of a step no head changes), then every registered head's
-    `benchmark_options` (variants named `head_type-variant`)."""
+def head_variants() -> dict[str, dict]:
+    """Every case, as a config's `head_options_by_head` writes it (a variant names its `head_type`;
+    `training.options.head_spec` is the one rule from a case's name to its head): `tied` and
+    `backbone` (the ratios' bases; `backbone` is the backbone alone, the loss on its hidden states:
+    the part of a step no head changes), every registered head's `benchmark_options` (a variant
+    named `head_type-variant`), and the published MoS code's computation (`reference_mos.COMPARED`)."""
     from hf_outheads import HEAD_CLASSES
 
-    cases = {"tied": {}, "backbone": {}}
+    cases = {"tied": {}, "backbone": {"head_type": "tied"}}
     for head_type, cls in HEAD_CLASSES.items():
         for variant, options in cls.benchmark_options.items():
-            cases.setdefault(f"{head_type}-{variant}" if variant else head_type, options)
+            cases.setdefault(f"{head_type}-{variant}" if variant else head_type,
+                             {"head_type": head_type, **options} if variant else dict(options))
+    for reference, compared in COMPARED.items():
+        cases[reference] = {"head_type": head_spec(compared, cases).head_type, **cases[compared]}
     return cases
 
 
-HEAD_OPTIONS = head_options()
+HEAD_VARIANTS = head_variants()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the workers run as `python -m benchmarks.bench_heads`
 # name -> (transformers config class, its fields, sequence length); the vocabulary comes from --vocab
 BACKBONES = {
@@ -77,7 +84,7 @@ MAX_LOAD = 0.5  # 1-minute load average above which timings are not trusted
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--heads", default=",".join(HEAD_OPTIONS),
+    parser.add_argument("--heads", default=",".join(HEAD_VARIANTS),
                         help="comma-separated heads (tied and backbone, the ratios' bases, are always run)")
     parser.add_argument("--vocab", default="32000", help="comma-separated vocabulary sizes")
     parser.add_argument("--positions", default="1024", help="comma-separated N = batch x sequence positions")
@@ -121,13 +128,10 @@ def build_model(head: str, vocab: int, backbone: str = "llama-2x256"):
 
     config_class, fields, _ = BACKBONES[backbone]
     text = getattr(transformers, config_class)(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, **fields)
-    head_type = "tied" if head == "backbone" else head.split("-")[0]  # "mos-reference", "mos-k3": variants
-    options = HEAD_OPTIONS.get(head, {})  # a head of the package's catalog without a row here: its defaults
+    spec = head_spec(head, HEAD_VARIANTS)  # a head of the package's catalog without a case here: its defaults
     torch.manual_seed(0)
-    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=head_type, head_options=options))
-    if head.endswith("-reference"):
-        from benchmarks.reference_mos import use_reference_mos  # the published MoS code's computation
-
+    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=spec.head_type, head_options=spec.options))
+    if head in COMPARED:
         use_reference_mos(model.head)
     return model
 
@@ -251,7 +255,7 @@ def measure(cases: list[dict]) -> list[dict]:
 
 
 def components(head: str) -> int:
-    options = HEAD_OPTIONS.get(head) or {}
+    options = HEAD_VARIANTS.get(head) or {}
     return options.get("num_components") or sum(count for _, count in options.get("components", [])) or 1
 
 
@@ -283,9 +287,9 @@ def table_rows(vocab: int, positions: int, results: dict[str, dict]) -> list[str
 
 def reference_notes(results: dict[str, dict]) -> list[str]:
     """Each head's step against its reference-style implementation (`mos` vs `mos-reference`)."""
-    return [f"<!-- {head} step = {results[head]['step_s'] / r['step_s']:.2f}x {head}-reference -->"
-            for name, r in results.items() if name.endswith("-reference") and "step_s" in r
-            for head in [name.removesuffix("-reference")] if "step_s" in results.get(head, {})]
+    return [f"<!-- {head} step = {results[head]['step_s'] / r['step_s']:.2f}x {name} -->"
+            for name, r in results.items() if name in COMPARED and "step_s" in r
+            for head in [COMPARED[name]] if "step_s" in results.get(head, {})]
 
 
 def check_load(allow_busy: bool) -> float:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download into .whl/ the wheels the GPU machine lacks (its image: Python 3.12, torch 2.11,
-# transformers 5.17, accelerate 1.15, triton 3.6, tokenizers 0.23.2, ...; see
-# /work/.library/device/KINDS.md for the full list), with the device README's pip command.
+# transformers 5.17, accelerate 1.15, triton 3.6, tokenizers 0.23.2, ...), with the device README's
+# pip command.
 # benchmarks/gpu_run.sh installs them there first. Run here, where PyPI is reachable:
 #     benchmarks/gpu_wheels.sh            # then carry `.whl` (and data/scale_corpus) with each call
 # Each name is pinned: one version of each (two stop the install). What each is for:

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from hf_outheads.head_interface import IGNORE_INDEX, HeadOutput
 
+COMPARED = {"mos-reference": "mos"}  # the benchmark's case -> the package's case whose options and step it takes
+
 
 def reference_forward(self, inputs, labels=None):
     prior = F.softmax(self.prior(inputs.hidden), dim=-1)  # (B, T, K)

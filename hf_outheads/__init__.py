@@ -5,6 +5,13 @@ the model classes (and `transformers.modeling_utils`, which costs more than torc
 imported when first used, as `hf_outheads.OutHeadsForCausalLM` or when an `OutHeadsConfig` is
 built (every `Auto*.from_pretrained` / `from_config` of this model type builds one first), and
 registered with `AutoModel`, `AutoModelForCausalLM` and `AutoModelForSeq2SeqLM` then.
+
+Its files import downward, in layers: option declarations and the head interface; the heads'
+shared parts (losses and their kernels, the single softmax, scaled maps, latents); the heads (a head
+on the parts it is made of); their catalog; the config; conversion, model cards and the export;
+the library hooks; the model classes; this face. Hence a deep stack (15 floors of files) and no
+cycle but one call-time import upward: the config imports the model classes when one is first
+built (`configuration_outheads.import_model_classes`), so that this import stays light.
 """
 
 from transformers import AutoConfig
@@ -12,7 +19,7 @@ from transformers import AutoConfig
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
 from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, next_token_labels
-from .options import HeadDims, HeadOptions
+from .head_options import HeadDims, HeadOptions
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 AutoConfig.register(OutHeadsConfig.model_type, OutHeadsConfig, exist_ok=True)

@@ -5,7 +5,7 @@
     hf-outheads export <trained_dir> <out_dir> [--approximate --text-file FILE] [--overwrite]
 
 Each runs a module of `hf_outheads.training` (the repository's `training/` folder, installed under
-the package) as `python -m` would, in this process: `quickstart`, `train` and `export_plain`.
+the package) as `python -m` would, in this process: `quickstart`, `train` and `export`.
 `train` is one process; several go through accelerate: `accelerate launch -m hf_outheads.training.train
 ...` (or, in a checkout, `accelerate launch training/train.py ...`). `hf-outheads <command> --help`
 lists a command's options.
@@ -20,7 +20,7 @@ import sys
 COMMANDS = {  # command -> (module of hf_outheads.training, what it does)
     "quickstart": ("quickstart", "the offline quickstart: train, evaluate and publish two tiny models"),
     "train": ("train", "train, evaluate and publish a model (one process)"),
-    "export": ("export_plain", "write a trained model as its backbone's own transformers class"),
+    "export": ("export", "write a trained model as its backbone's own transformers class"),
 }
 TRAIN_STACK = ("yaml", "accelerate", "datasets", "tokenizers", "evaluate", "sacrebleu")  # imported by every command
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import sys
 from typing import Any
 
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
@@ -13,7 +11,7 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .backbones import head_dims, hidden_scale
 from .head_catalog import get_head_class
-from .options import HeadOptions
+from .head_options import HeadOptions
 
 FROM_BACKBONE = ("Build the model with OutHeadsForCausalLM.from_backbone(...) / OutHeadsForSeq2SeqLM.from_backbone(...) "
                  "(a plain transformers model or its folder), or OutHeadsConfig(text_config=..., head_type=...).")
@@ -32,13 +30,12 @@ def not_from_backbone(name: str) -> bool:
 
 def import_model_classes() -> None:
     """Import the installed package's model classes (`modeling_outheads`, which registers them with
-    the Auto model classes when imported), once, when a config is first built: every
+    the Auto model classes when imported) when a config is first built: every
     `Auto*.from_pretrained` / `from_config` of this model type builds its config first, so
     `import hf_outheads` (which registers only this config, importing no modelling code) is all
-    those calls need. Remote code's copy of this module (another package) imports nothing: there
-    transformers loads the model class itself."""
-    if __package__ == PACKAGE and f"{PACKAGE}.modeling_outheads" not in sys.modules:
-        importlib.import_module(f"{PACKAGE}.modeling_outheads")
+    those calls need."""
+    if __package__ == PACKAGE:  # remote code's copy (another package) imports nothing: transformers loads it
+        from . import modeling_outheads  # noqa: F401  (upward, at call time: `import hf_outheads` stays light)
 
 
 class OutHeadsConfig(PretrainedConfig):
@@ -50,8 +47,9 @@ class OutHeadsConfig(PretrainedConfig):
             for its defaults) has none, and no model can be built from it.
         head_type: one of the registered heads (`linear`, `tied`, `bilinear`, ...); `tied` when
             omitted; required in a saved config.json.
-        head_options: the head's hyper-parameters; omitted ones take the papers' defaults.
-            Stored fully expanded, so a saved config states every value used.
+        head_options: the head's hyper-parameters, a dict or the head's checked options object
+            (`Options.from_dict`, what a training run's `HeadSpec` carries); omitted ones take the
+            head's defaults. Stored fully expanded as a dict, so a saved config states every value used.
         hidden_scale: positive factor on the final hidden state before the head; derived from
             the backbone family when omitted (T5 with tied embeddings: `d_model ** -0.5`).
         vocab_size: optional check; must equal the backbone's vocabulary size.
@@ -68,7 +66,7 @@ class OutHeadsConfig(PretrainedConfig):
 
     text_config: dict | PretrainedConfig | None = None
     head_type: str | None = None  # "tied" once a text_config is given; None only in the argument-less config
-    head_options: dict | None = None
+    head_options: dict | HeadOptions | None = None
     hidden_scale: float | None = None
     vocab_size: int | None = None
     base_model: str | None = None
@@ -125,16 +123,22 @@ class OutHeadsConfig(PretrainedConfig):
 
     @property
     def resolved_head_options(self) -> HeadOptions:
-        """The one place a model's head options are resolved: `head_options` for `head_type`,
-        checked and completed against the backbone's sizes (`HeadOptions.resolve`), the object the
-        model hands to its head. Kept until `head_type`, `head_options` or the sizes change (a
-        resize); never serialised (`to_dict`), where the plain `head_options` dict stands for it."""
+        """The one place a model's head options are resolved: `head_options` for `head_type`
+        (an options object as it is, a dict checked by `from_dict`), completed against the
+        backbone's sizes (`HeadOptions.resolve`), the object the model hands to its head. Kept
+        until `head_type`, `head_options` or the sizes change (a resize); never serialised
+        (`to_dict`), where the plain `head_options` dict stands for it."""
         if self.text_config is None:
             raise ValueError(f"This OutHeadsConfig has no text_config (backbone config). {FROM_BACKBONE}")
-        dims, resolved = head_dims(self.text_config), self.__dict__.get(_RESOLVED)
-        if resolved is None or (resolved.head_type, resolved.resolved_for) != (self.head_type, dims) \
-                or dataclasses.asdict(resolved) != self.head_options:
-            resolved = get_head_class(self.head_type).Options.from_dict(self.head_options).resolve(dims)
+        dims, resolved, given = head_dims(self.text_config), self.__dict__.get(_RESOLVED), self.head_options
+        if isinstance(given, HeadOptions) or resolved is None \
+                or (resolved.head_type, resolved.resolved_for) != (self.head_type, dims) \
+                or dataclasses.asdict(resolved) != given:
+            options_class = get_head_class(self.head_type).Options
+            if isinstance(given, HeadOptions) and not isinstance(given, options_class):
+                raise ValueError(f"head_options are head '{given.head_type}''s options, not head "
+                                 f"'{self.head_type}''s: pass {options_class.__name__} or a dict.")
+            resolved = (given if isinstance(given, HeadOptions) else options_class.from_dict(given)).resolve(dims)
             self.__dict__[_RESOLVED] = resolved
         return resolved
 

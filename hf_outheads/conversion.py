@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from .backbones import OUTPUT_BIAS_BUFFERS
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
+from .head_options import HeadOptions
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,9 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
     embeddings = source.get_decoder().get_input_embeddings().weight
     if head_type is None:
         head_type = "tied" if weight.shape == embeddings.shape and torch.equal(weight, embeddings) else "linear"
-    head_options = get_head_class(head_type).Options.for_conversion(head_options)
+    options_class = get_head_class(head_type).Options
+    given = head_options if isinstance(head_options, HeadOptions) else options_class.from_dict(head_options)
+    head_options = given.for_conversion()  # checked against head_type by the config
     text_config = copy.deepcopy(original.config.text_config if is_outheads(original) else original.config)
     scale = {"hidden_scale": original.config.hidden_scale} if is_outheads(original) else {}
     config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options,

@@ -29,6 +29,8 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrained
 
 from .backbones import hidden_scale
 from .conversion import backbone_state_dict, load_backbone_state_dict, output_bias_slots, write_lm_head
+from .head_catalog import HEAD_CLASSES
+from .model_card import build_plain_model_card
 
 
 @dataclass
@@ -46,8 +48,6 @@ class PlainExport:
 def plain_export_capabilities() -> dict[str, bool]:
     """The export's capability table: head type -> whether, with its default options, its model
     exports exactly (the head class's `exact_plain_export`), for every registered head."""
-    from .head_catalog import HEAD_CLASSES
-
     return {head_type: cls.exact_plain_export for head_type, cls in HEAD_CLASSES.items()}
 
 
@@ -146,8 +146,6 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
     the export is written to a sibling folder and then swapped in whole, so `path` never holds
     files of two models. `repo_id` (default: `path`) is what the card's usage code loads,
     `license` its license (e.g. the trained model's)."""
-    from .model_card import build_plain_model_card
-
     sequences = _sequences(texts, input_ids, tokenizer)
     if approximate and not sequences:
         raise ValueError("approximate=True measures what the approximation costs: pass texts (with the tokenizer) "

@@ -40,7 +40,6 @@ Conversion from a pretrained LM is exact only without middle-layer components
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +47,7 @@ import torch.nn.functional as F
 from .head_interface import IGNORE_INDEX, HeadInputs, Paper
 from .latents import MixtureOptions
 from .mixture import MixtureHead
-from .options import HeadDims, flag, number, pairs
+from .head_options import HeadDims, flag, number, pairs
 
 
 def resolve_layer(layer: int, num_layers: int) -> int:
@@ -64,8 +63,6 @@ def resolve_layer(layer: int, num_layers: int) -> int:
 
 @dataclass
 class DOCOptions(MixtureOptions):
-    head_type: ClassVar[str] = "doc"
-
     components: list = pairs(lambda: [[-1, 15], [-2, 5]], names=("layer", "count"))
     regularizer_weight: float = number(0.001, low=0.0)
     middle_layer_norm: bool = flag(True)
@@ -107,7 +104,7 @@ class DOCHead(MixtureHead):
         """`lambda * (std(B) / mean(B))^2`, `B = sum of pi over the non-ignored positions` (Eq. 12-13)."""
         if self.options.regularizer_weight == 0:
             return None
-        prior = log_prior.exp().reshape(-1, self.num_components)
+        prior = log_prior.exp().reshape(-1, self.total_components)
         keep = (labels.reshape(-1) != IGNORE_INDEX).to(prior.dtype)
         total = (prior * keep.unsqueeze(-1)).sum(0)  # B, (J,)
         mean = total.mean()

@@ -43,7 +43,7 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import initialization as init
 
-from .options import HeadDims, choice, flag, integer, number, require_tied_width
+from .head_options import HeadDims, choice, flag, integer, number, require_tied_width
 from .head_interface import Paper, TiedToEmbeddings
 from .softmax import EncodedLabelsOptions, SoftmaxHead
 
@@ -61,8 +61,6 @@ class DrillOptions(EncodedLabelsOptions):
     forward) or "standard" (fresh elementwise mask over `|V| x d`); dropout_position:
     "input" (reference code) or "output" (Eq. 12); residual_previous: also add `E^(i-1)` (Eq. 10; the paper found it hurt at k=4)."""
 
-    head_type: ClassVar[str] = "drill"
-
     depth: int = integer(2, minimum=0)
     activation: str = choice("relu", ACTIVATIONS)
     dropout: float | None = number(None, 0.0, 1.0, open_high=True, optional=True)
@@ -73,7 +71,7 @@ class DrillOptions(EncodedLabelsOptions):
     conversion_defaults: ClassVar[dict] = {"dropout": 0.0}  # measured (the repository's ablations)
 
     def complete(self, dims: HeadDims) -> None:
-        require_tied_width("drill", dims, "scores E^(k) h with a residual to E in every layer",
+        require_tied_width(self.head_type, dims, "scores E^(k) h with a residual to E in every layer",
                            "'joint' (any d_j) or 'bilinear'")
 
 

@@ -1,4 +1,4 @@
-"""The output-head interface shared by every head (options: `options.py`).
+"""The output-head interface shared by every head (options: `head_options.py`).
 
 A head turns the backbone's final hidden states (and, when it asks for them, the input
 embedding matrix or middle-layer states) into next-token scores over the vocabulary.
@@ -21,7 +21,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .loss_kernels import own_path
-from .options import HeadDims, HeadOptions
+from .head_options import HeadDims, HeadOptions
 
 IGNORE_INDEX = -100  # labels the loss skips (transformers' convention)
 
@@ -86,9 +86,14 @@ class OutputHead(nn.Module):
     """Interface of every output head.
 
     Facts every head class states about itself, from which the catalog's users derive their
-    lists (model cards, benchmarks, the export's capability table, the contract tests), so that a
-    new head is its own file plus its line in `head_catalog.py`:
+    lists (model cards, benchmarks, the export's capability table, the README's tables, the
+    contract and sharded-training tests), so that a new head is its own file plus its line in
+    `head_catalog.py`:
+      - `head_type`: its name, stated once: its `Options` class (its own, a `HeadOptions`
+        subclass) takes it from here;
       - `papers`: the papers it implements (card tags and citations);
+      - `plain_export_limit`: one phrase: why it has no plain export (`exact_plain_export` False;
+        also its refusal's reason), or which of its options have none (the serving table);
       - `exact_plain_export`: with its default options `export_plain` writes a stock LM head
         whose logits are the head's (a single softmax of an affine map of `h`);
       - `exact_conversion`: with its default options, converted (`from_backbone`) from a tied LM
@@ -107,6 +112,10 @@ class OutputHead(nn.Module):
       - `layer_indices`: indices into the backbone's `hidden_states` the head needs besides
         the final hidden state (0 = embedding output); empty for most heads.
       - `returns_log_probs`: `logits` holds normalised log-probabilities (mixtures).
+      - `reads_embeddings`: its scores read the backbone's input embedding matrix `E` (a
+        `TiedToEmbeddings` head then shows `E` as its `weight`, which keeps them in one FSDP group).
+    A head's dropout is an `nn.Dropout`'s rate `p` (its option sets it), so that what switches
+    every dropout off (TRL's `disable_dropout_in_model`, the sharded tests) reaches it.
     Optional training hooks (no-ops here), which training loops call for any head:
       - `set_word_counts(counts)`: training-set word frequencies, once before training;
       - `updates_periodically`: the head learns something besides its parameters by
@@ -125,20 +134,27 @@ class OutputHead(nn.Module):
     updates_periodically: ClassVar[bool] = False
     papers: ClassVar[tuple[Paper, ...]] = ()
     exact_plain_export: ClassVar[bool] = False
+    plain_export_limit: ClassVar[str] = ""
     exact_conversion: ClassVar[bool] = False
     single_softmax: ClassVar[bool] = False
     benchmark_options: ClassVar[dict[str, dict]] = {"": {}}
     contract_options: ClassVar[dict] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        """A class naming its `head_type` hands it to its `Options` (which no other head may use)."""
+        super().__init_subclass__(**kwargs)
+        if "head_type" in vars(cls):
+            owner = vars(cls.Options).get("head_type")
+            if owner not in (None, cls.head_type):
+                raise TypeError(f"{cls.__name__}.Options ({cls.Options.__name__}) belongs to head '{owner}': "
+                                f"give head '{cls.head_type}' an options class of its own (a subclass).")
+            cls.Options.head_type = cls.head_type
 
     @classmethod
     def training_losses(cls) -> tuple[str, ...]:
         """The `training_loss` choices its options declare; `("exact",)` when it has no such option."""
         spec = next((f.metadata["spec"] for f in dataclasses.fields(cls.Options) if f.name == "training_loss"), None)
         return spec.choices if spec is not None else ("exact",)
-
-    @classmethod
-    def offers_sampled_loss(cls) -> bool:
-        return "sampled" in cls.training_losses()
 
     def __init__(self, options: HeadOptions, dims: HeadDims):
         """`options`: resolved for `dims` (`options.resolve(dims)`; a model's come from
@@ -155,6 +171,11 @@ class OutputHead(nn.Module):
     @property
     def layer_indices(self) -> tuple[int, ...]:
         return ()
+
+    @property
+    def reads_embeddings(self) -> bool:
+        """Whether the scores read `E` (see the class docstring). Default: no."""
+        return False
 
     def bind_input_embeddings(self, module: nn.Module) -> None:
         """The model hands over the embedding module whose weight is `E` (at build and after a
@@ -216,11 +237,10 @@ class OutputHead(nn.Module):
         """`(weight, bias)` of the plain LM head `weight h + bias` (bias None: no bias) that
         computes this head's inference-time (eval mode) scores, for `export_plain`; a ValueError
         saying why when there is none. Default: none, for heads whose distribution is not one
-        softmax of an affine map of `h` (the mixtures `mos`, `doc`, `lightrnn`)."""
-        raise ValueError(
-            f"Head '{self.head_type}' has no plain equivalent: its next-token distribution is not one softmax of "
-            "an affine map of the hidden state (a mixture of softmaxes is not a softmax), so no stock transformers "
-            "LM head computes it. Serve the model with hf_outheads (or trust_remote_code=True).")
+        softmax of an affine map of `h` (the mixtures, `lightrnn`, `sigsoftmax`: `plain_export_limit`)."""
+        reason = self.plain_export_limit or "its distribution is not one softmax of an affine map of `h`"
+        raise ValueError(f"Head '{self.head_type}' has no plain equivalent: {reason}, so no stock transformers LM head "
+                         "computes it. Serve the model with hf_outheads (or trust_remote_code=True).")
 
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Training-set frequency of every word (`|V|` counts). Training pipelines call it once

@@ -24,8 +24,8 @@ Departures from paper / reference code (idiap/joint-embedding-nmt):
   identity stalled near the unigram distribution: tanh bounds `g_in(h)`, which replaces the
   backbone's unbounded final-norm state. Output bias zero.
   `map_scale`: U and V are stored as `base I + map_scale A` (`scaled_map.py`), so they learn
-  `map_scale` times slower than the backbone under Adam (unset: `scaled_map.MAP_SCALE_DEFAULTS`,
-  measured: at the backbone's rate from scratch the maps made the head worse than `tied`).
+  `map_scale` times slower than the backbone under Adam (unset: 0.01 from scratch, 1 converted,
+  `JointOptions`; measured: at the backbone's rate from scratch the maps made the head worse than `tied`).
   The paper's plain parameters are `map_scale: 1`.
 """
 
@@ -36,7 +36,7 @@ from typing import ClassVar
 
 import torch
 
-from .options import HeadDims, choice, integer
+from .head_options import HeadDims, choice, integer
 from .scaled_map import MapOptions, ScaledMap
 from .head_interface import Paper, TiedToEmbeddings
 from .softmax import SoftmaxHead
@@ -55,7 +55,8 @@ class JointOptions(MapOptions):
     step of the stored parameters moves U and V (1: the plain form); output_bias False: neither `b` nor `b_v` (whose score `g_out(e_w) . b_v` is
     a per-word bias too)."""
 
-    head_type: ClassVar[str] = "joint"
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured: at 1 the maps made the head worse than `tied`
+    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}  # measured: then better than `tied`
 
     joint_dim: int | None = integer(None, minimum=1, optional=True)
     activation: str = choice("identity", ACTIVATIONS)
@@ -87,6 +88,8 @@ class JointHead(TiedToEmbeddings, SoftmaxHead):
   pages = {73--83}
 }""", arxiv="1808.10681"),)
     exact_plain_export = exact_conversion = True  # with identity activation (the default)
+    plain_export_limit = ("not with a tanh, sigmoid or relu context (`form` `both` or `context`): `act(V h + b_v)` "
+                          "is not affine in `h`")
     benchmark_options = {"": {}}  # joint_dim = d_h
     contract_options = {"joint_dim": 16}
 

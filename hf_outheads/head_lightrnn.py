@@ -60,12 +60,13 @@ from .lightrnn_table import (EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_
                              resize_codes, table_grid, table_shape)
 from .losses import grad_needed, log_probs_chunk_rows, mixture_nll_sum, over_row_chunks
 from .latents import KONG_2019, LATENT_INITS, MixtureOptions, PriorAndLatents
-from .options import HeadDims, choice, integer
+from .head_options import HeadDims, choice, integer
 
 
 @dataclass
 class LightRNNOptions(MixtureOptions):
-    head_type: ClassVar[str] = "lightrnn"
+    # plain maps (map_scale 1) from scratch too: every measurement of this head used them
+    scratch_defaults: ClassVar[dict] = {"map_scale": 1.0}
 
     num_components: int = integer(1, minimum=1)
     num_exclusive: int | None = integer(None, minimum=0, optional=True)
@@ -88,6 +89,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     head_type = "lightrnn"
     Options = LightRNNOptions
     returns_log_probs = True
+    plain_export_limit = "a word's probability is a product of its codes' softmaxes (a mixture of them with K > 1)"
     papers = (KONG_2019, Paper("LightRNN: Memory and Computation-Efficient Recurrent Neural Networks",
                                "https://arxiv.org/abs/1610.09893", """\
 @inproceedings{li2016lightrnn,
@@ -152,7 +154,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     def code_states(self, inputs: HeadInputs):
         """(log pi `(n, K)`, k `(n, K, d)`, column pre-activations `(n, K, d)`, their dropout
         mask or None), positions flattened."""
-        h, K, d = inputs.hidden, self.num_components, self.latent_size
+        h, K, d = inputs.hidden, self.total_components, self.latent_size
         k = self.latent_states(inputs).float()
         pre = self.column_latents(h).unflatten(-1, (K, d)).float()
         mask = self.latent_dropout(torch.ones_like(pre)) if self.training and self.dropout.p else None
@@ -200,7 +202,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
 
     def log_probs(self, log_prior, k, pre, mask, params) -> torch.Tensor:
         """Full `log p(.|h)`, `(n, |V|)`, in checkpointed position chunks (`positions_log_probs`)."""
-        K, (f, r, c) = self.num_components, self.table
+        K, (f, r, c) = self.total_components, self.table
         per_row = K * (r * (self.latent_size + 2 * c) + 2 * (f + r * c + self.dims.vocab_size))
         grad = grad_needed(k, pre)
         rows = log_probs_chunk_rows(per_row)
@@ -237,7 +239,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
         """Training loss path per position: K latents and K column latents from `d_h`, the prior,
         K first-code scores over `F + R` and K column scores over the label's row (`C`); the
         table's re-assignment statistics are not counted."""
-        (f, r, c), K, d, d_h = self.table, self.num_components, self.latent_size, self.dims.hidden_dim
+        (f, r, c), K, d, d_h = self.table, self.total_components, self.latent_size, self.dims.hidden_dim
         return num_positions * (2 * 2 * d_h * K * d + 2 * d_h * K + 2 * K * d * (f + r + c))
 
     # ----- learning the table (the interface's periodic update) -----
@@ -318,7 +320,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
         `set_word_counts` re-draws the default table, so that the codes' parameters follow their words."""
         d, d_h, eps = self.latent_size, self.dims.hidden_dim, self.conversion_scale
         A = torch.eye(d, d_h) if d >= d_h else torch.linalg.svd(weight.float(), full_matrices=False)[2][:d]
-        self.set_latent_map(0, (A * eps).repeat(self.num_components, 1))
+        self.set_latent_map(0, (A * eps).repeat(self.total_components, 1))
         self.latents[0].bias.zero_()
         self._conversion = (weight.float() @ A.T.to(weight.device) / eps, bias.float())
         self.convert_codes(*self._conversion)

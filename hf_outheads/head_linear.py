@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadDims
+from .head_options import HeadDims
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 
 class LinearOptions(SoftmaxOptions):
-    head_type: ClassVar[str] = "linear"
+    """`linear`'s options: the single-softmax heads' training-loss options and `output_bias`."""
 
 
 class OwnOutputMatrix:
     """Mixin of the heads that score `z = W h + b` with a `|V| x d_h` matrix `W` of their own,
     independent of the input embeddings (`linear`, `sigsoftmax`), on top of `OutputBias`:
     `W` is N(0, 0.02^2) from scratch and the original LM head's matrix when converted."""
+
+    @property
+    def reads_embeddings(self) -> bool:  # its scores read `W`, never E
+        return False
 
     def build_output_matrix(self, dims: HeadDims) -> None:
         self.weight = nn.Parameter(torch.empty(dims.vocab_size, dims.hidden_dim))

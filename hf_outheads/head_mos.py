@@ -55,12 +55,11 @@ training mode the model returns `logits=None` (loss only) unless called with `re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from .head_interface import Paper
 from .latents import KONG_2019, MixtureOptions
 from .mixture import MixtureHead
-from .options import integer
+from .head_options import integer
 
 YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Model", "https://arxiv.org/abs/1711.03953",
                   """\
@@ -74,8 +73,6 @@ YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Mod
 
 @dataclass
 class MoSOptions(MixtureOptions):
-    head_type: ClassVar[str] = "mos"
-
     num_components: int = integer(15, minimum=1)
 
 
@@ -86,7 +83,6 @@ class MoSHead(MixtureHead):
     exact_conversion = True
     benchmark_options = {
         "": {"num_components": 15},
-        "reference": {"num_components": 15},  # the published MoS code's computation (benchmarks/reference_mos.py)
         "k3": {"num_components": 3},  # the Efficient-MoS paper's comparison point (Table 3: K = 3)
     }
     contract_options = {"num_components": 3, "latent_dropout": 0.1}

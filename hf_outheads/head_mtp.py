@@ -56,7 +56,7 @@ from torch import nn
 
 from .future_blocks import FuturePredictor
 from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, Paper
-from .options import HeadDims, HeadOptions, choice, integer, mapping, name, number
+from .head_options import HeadDims, HeadOptions, choice, integer, mapping, name, number
 
 FORMS = ("sequential", "independent")
 GLOECKLE_2024 = Paper("Better & Faster Large Language Models via Multi-token Prediction",
@@ -110,10 +110,13 @@ class MTPOptions(HeadOptions):
             options["head_options"] = getattr(shared.Options, method)(options.get("head_options"))
         return options
 
-    @classmethod
-    def for_conversion(cls, options):
-        """The shared head's conversion defaults for its options (e.g. `drill`'s dropout 0)."""
-        return super().for_conversion(cls._with_shared(options, "for_conversion"))
+    def for_conversion(self) -> "MTPOptions":
+        """A copy with the conversion defaults, the shared head's among its options (e.g. `drill`'s dropout 0)."""
+        converted = super().for_conversion()
+        shared = shared_head_class(converted.head or "tied")
+        if shared is not None and (converted.head_options is None or isinstance(converted.head_options, dict)):
+            converted.head_options = {**shared.Options.conversion_defaults, **(converted.head_options or {})}
+        return converted
 
     @classmethod
     def for_saved(cls, options):

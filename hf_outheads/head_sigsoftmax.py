@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits, training_mode
 from .head_linear import OwnOutputMatrix
 from .losses import mixture_nll_sum
-from .options import HeadDims, HeadOptions, choice, flag
+from .head_options import HeadDims, HeadOptions, choice, flag
 
 
 def sigsoftmax_scores(z: torch.Tensor) -> torch.Tensor:
@@ -58,7 +58,6 @@ class SigSoftmaxOptions(HeadOptions):
     a softmax, so it is not offered) or "auto" (default: "chunked" on a CUDA device, "full"
     elsewhere); output_bias: learn `b`."""
 
-    head_type: ClassVar[str] = "sigsoftmax"
     # configs saved while these options inherited `linear`'s: the sampled loss's options, never read
     retired_options: ClassVar[tuple[str, ...]] = ("sampled_fraction", "sampled_proposal")
 
@@ -81,6 +80,7 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
 }""", arxiv="1805.10829"),)
     benchmark_options = {"": {}, "chunked": {"training_loss": "chunked"}}
     single_softmax = True
+    plain_export_limit = "`softmax(z + log sigmoid(z))` is not a softmax of an affine map of `h`"
 
     def __init__(self, options: SigSoftmaxOptions, dims: HeadDims):
         super().__init__(options, dims)
@@ -100,10 +100,6 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
     def loss_path(self, device: torch.device) -> str:
         mode = training_mode(self.options.training_loss, True, device)
         return super().loss_path(device) if mode == "chunked" else mode
-
-    def equivalent_lm_head(self, embeddings):
-        raise ValueError("Head 'sigsoftmax': exp(z) sigma(z) normalised is not the softmax of an affine map of h, so "
-                         "no plain LM head computes it. Serve it with hf_outheads.")
 
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:
         """`W`, `b` copied: approximate (returns False)."""

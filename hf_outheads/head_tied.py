@@ -3,20 +3,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
-from .options import HeadDims, require_tied_width
+from .head_options import HeadDims, require_tied_width
 from .head_interface import Paper, TiedToEmbeddings
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 
 class TiedOptions(SoftmaxOptions):
-    head_type: ClassVar[str] = "tied"
-
     def complete(self, dims: HeadDims) -> None:
-        require_tied_width("tied", dims, "scores E h", "'bilinear' or 'linear'")
+        require_tied_width(self.head_type, dims, "scores E h", "'bilinear' or 'linear'")
 
 
 class TiedHead(TiedToEmbeddings, SoftmaxHead):

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput, logging
 
+from .export_plain import export_plain
 from .head_interface import IGNORE_INDEX, OutputHead
+from .model_card import build_model_card
+from .model_io import save_then_swap
 
 logger = logging.get_logger(__name__)
 
@@ -224,24 +227,18 @@ class LibraryHooks:
         moved in once complete (`model_io.save_then_swap`): a save over an earlier one that fails
         half-way (a full disk) leaves the earlier one loadable. A push to the Hub, or a process
         that is not the main one, saves as transformers does."""
-        from .model_io import save_then_swap
-
         if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
             return super().save_pretrained(save_directory, *args, **kwargs)
         save_then_swap(lambda folder: super(LibraryHooks, self).save_pretrained(folder, *args, **kwargs), save_directory)
 
     def create_model_card(self, repo_id: str | None = None, tags: list[str] | None = None):
         """A `huggingface_hub.ModelCard` for this model (head, backbone, usage), rendered offline."""
-        from .model_card import build_model_card
-
         return build_model_card(self, repo_id, tags)
 
     def export_plain(self, path, tokenizer=None, **kwargs):
         """Write this model as its backbone's own transformers class (`GPT2LMHeadModel`,
         `LlamaForCausalLM`, `T5ForConditionalGeneration`, ...), which loads without this package:
         see `export_plain.export_plain` for the keyword arguments and what exports exactly."""
-        from .export_plain import export_plain
-
         return export_plain(self, path, tokenizer, **kwargs)
 
     def _upload_modified_files(self, working_dir, repo_id, *args, **kwargs):

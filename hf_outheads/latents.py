@@ -6,6 +6,7 @@ latent maps' `map_scale` and the latents' dropout."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .head_interface import HeadInputs, Paper
-from .options import HeadDims, choice, flag, integer, number, probability
+from .head_options import HeadDims, choice, flag, integer, number, probability
 from .scaled_map import MapScaleOptions, ScaledMap
 
 # the paper of the mixtures with a code table (Efficient MoS, HybridLightRNN): cited by `mos` and `lightrnn`
@@ -49,7 +50,11 @@ class MixtureOptions(MapScaleOptions):
     # std of that noise on the effective maps, which lets identical components drift apart
     latent_init_noise: float = number(0.02, 0.0)
     # map_scale (`MapScaleOptions`): how far a step of the stored latent parameters moves the latent
-    # maps (`PriorAndLatents`); configs saved before the option had plain maps (its `saved` default)
+    # maps (`PriorAndLatents`): 0.01 from scratch (measured: with plain maps `mos` ended behind its own
+    # K = 1 case), 1 converted; configs saved before the option had plain maps
+    scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}
+    conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
+    saved_defaults: ClassVar[dict] = {"map_scale": 1.0}
 
     def complete(self, dims: HeadDims) -> None:
         if self.tied and self.latent_dim not in (None, dims.embed_dim):
@@ -84,9 +89,9 @@ class PriorAndLatents:
         """`with_prior=False`: log pi = 0, one component (no parameter without a gradient)."""
         self.groups = tuple((int(layer), int(count)) for layer, count in groups)
         self.latent_size = latent_size
-        self.num_components = sum(count for _, count in self.groups)
+        self.total_components = sum(count for _, count in self.groups)  # J: every group's components (mos: K)
         hidden_dim = self.dims.hidden_dim
-        prior = nn.Linear(hidden_dim, self.num_components, bias=False)  # drawn either way: same seed, same init
+        prior = nn.Linear(hidden_dim, self.total_components, bias=False)  # drawn either way: same seed, same init
         self.prior = prior if with_prior else None
         self.latents = nn.ModuleList(ScaledMap(hidden_dim, c * latent_size, True, self.latent_scale, self.latent_base,
                                                copies=c, scaled_bias=True) for _, c in self.groups)

@@ -192,7 +192,7 @@ def _chunk_kernels(log_prior, x, weight, bias, labels, ignore_index, grads=(None
     read twice by `softmax_kernels` (statistics, then the gradient written over them) and never
     taken to fp32; the gradient of a row is scaled by its responsibility inside the kernel.
     Ignored rows (label `ignore_index`) count nothing and get zero gradients, without a host sync."""
-    from .softmax_kernels import row_stats, softmax_grad_
+    from .softmax_kernels import row_stats, softmax_grad_  # on a GPU's first call: Triton takes seconds to import
 
     rows, K, d = x.shape
     flat_x, flat_labels = x.reshape(rows * K, d), labels.repeat_interleave(K)

@@ -21,7 +21,7 @@ from transformers import initialization as init
 from .head_interface import HeadInputs, HeadOutput, OutputHead, TiedToEmbeddings, nll_sum_from_logits
 from .latents import MixtureOptions, PriorAndLatents
 from .losses import grad_needed, log_probs_chunk_rows, mixture_nll_sum, over_row_chunks
-from .options import HeadDims
+from .head_options import HeadDims
 
 
 def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -48,6 +48,7 @@ class MixtureHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     `bias` (b, shared by the components)."""
 
     returns_log_probs = True
+    plain_export_limit = "a mixture of softmaxes is not one softmax"
 
     def __init__(self, options: MixtureOptions, dims: HeadDims):
         super().__init__(options, dims)
@@ -81,7 +82,7 @@ class MixtureHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
 
     def forward_flops(self, num_positions: int) -> int:
         """Per position: the J latents and the prior from `d_h`, and J scores over `|V|`."""
-        J, d, d_h, V = self.num_components, self.latent_size, self.dims.hidden_dim, self.dims.vocab_size
+        J, d, d_h, V = self.total_components, self.latent_size, self.dims.hidden_dim, self.dims.vocab_size
         return num_positions * (2 * d_h * J * d + 2 * d_h * J + 2 * J * d * V)
 
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:

@@ -11,14 +11,14 @@ import inspect
 import json
 import os
 
+from .head_catalog import get_head_class
+
 PLACEHOLDER_REPO = "<namespace>/<model-name>"
 
 
 def head_papers(head_type: str):
     """The papers of `head_type` (its class's `papers`): `arxiv:<id>` tags, which the Hub links
     to the paper pages, and the citation section."""
-    from .head_catalog import get_head_class
-
     return get_head_class(head_type).papers
 
 

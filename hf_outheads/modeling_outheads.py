@@ -14,6 +14,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_outheads import PACKAGE, OutHeadsConfig
+from .conversion import convert_pretrained
 from .head_catalog import get_head_class
 from .backbones import head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
@@ -77,8 +78,6 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         the original LM head where their form allows it (see each head's `init_from_lm_head`).
         `kwargs` go to the original model's `from_pretrained` (e.g. `dtype`, `revision`).
         """
-        from .conversion import convert_pretrained
-
         return convert_pretrained(cls, pretrained, head_type, head_options, **kwargs)
 
     @classmethod
@@ -346,5 +345,5 @@ def register_auto_classes() -> None:
     modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.setdefault(OutHeadsConfig.model_type, "OutHeadsForSeq2SeqLM")
 
 
-if __package__ == PACKAGE:  # the installed package; remote code's copy registers nothing (transformers loads it)
+if __package__ == PACKAGE:  # the installed package registers; remote code's copy does not (transformers maps it itself)
     register_auto_classes()

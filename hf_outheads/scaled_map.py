@@ -2,7 +2,7 @@
 `W = base * I + scale * A` with `A` the parameter (`I` the (semi-)identity, repeated for a map
 that computes several `d`-wide outputs at once), used by `bilinear` (`W_l`), `joint` (U, V) and
 the latent maps of the mixtures and `lightrnn` (`W_n`); `MapScaleOptions` declares its option
-`map_scale` (= `scale`) with every head's defaults (`MAP_SCALE_DEFAULTS`).
+`map_scale` (= `scale`), whose defaults each head's options state (`scratch_defaults`, ...).
 
 Adam-type optimisers move each entry of a parameter by about the learning rate per step,
 whatever its gradient's size. A `d x d` map between the backbone's final state and `E` then
@@ -22,61 +22,33 @@ A head converted from a trained model (`from_backbone`) is another case: the bac
 have already learnt, the maps start at the exact original, and learnt at the full rate
 (`map_scale` 1) they made both fine-tuning comparisons better than `tied`, where 0.01 kept
 the head at `tied`'s level. `map_scale` left unset (None) is therefore small from scratch and 1
-when converted (`MAP_SCALE_DEFAULTS`).
+when converted (each head's `scratch_defaults` and `conversion_defaults`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .options import HeadOptions, choice, number
+from .head_options import HeadOptions, choice, number
 from .softmax import EncodedLabelsOptions
 
 INITS = ("identity", "uniform")
 REFERENCE_BOUND = 0.1  # the reference codes' init: every parameter uniform(-0.1, 0.1)
 
 
-class MapScaleDefaults(NamedTuple):
-    scratch: float  # `map_scale` left unset, from scratch
-    conversion: float  # left unset, converted from a trained head (`from_backbone`)
-    saved: float | None = None  # a config saved before the head had the option (None: it always had it)
-
-
-# Every head's `map_scale` defaults, measured (the repository's ablations, README "Which head"):
-# from scratch the maps learn 10x (bilinear) or 100x (joint, the mixtures) slower than the
-# backbone; lightrnn's every measurement used plain maps. Converted: the full rate.
-MAP_SCALE_DEFAULTS = {
-    "bilinear": MapScaleDefaults(0.1, 1.0),
-    "joint": MapScaleDefaults(0.01, 1.0),
-    "mos": MapScaleDefaults(0.01, 1.0, saved=1.0),
-    "doc": MapScaleDefaults(0.01, 1.0, saved=1.0),
-    "lightrnn": MapScaleDefaults(1.0, 1.0, saved=1.0),
-}
-
-
 @dataclass
 class MapScaleOptions(HeadOptions):
     """The option of every head with a `ScaledMap`: map_scale, how far a step of the stored
-    parameter moves a map (1: the plain form); None: the head's `MAP_SCALE_DEFAULTS` row, which
-    each subclass naming a `head_type` there takes into its `scratch_defaults`,
-    `conversion_defaults` and `saved_defaults`."""
+    parameter moves a map (1: the plain form); None: the head's own defaults, which its options
+    class states (`scratch_defaults`, `conversion_defaults` and, for a head that had maps before the
+    option, `saved_defaults`: measured, see the module docstring)."""
 
     map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        row = MAP_SCALE_DEFAULTS.get(cls.__dict__.get("head_type"))
-        if row is not None:
-            cls.scratch_defaults = {**cls.scratch_defaults, "map_scale": row.scratch}
-            cls.conversion_defaults = {**cls.conversion_defaults, "map_scale": row.conversion}
-            if row.saved is not None:
-                cls.saved_defaults = {**cls.saved_defaults, "map_scale": row.saved}
 
 
 @dataclass
@@ -112,9 +84,6 @@ class ScaledMap(nn.Module):
     def effective_weight(self) -> torch.Tensor:
         weight = self.scale * self.weight
         return weight + self.base * self.identity(weight) if self.base else weight
-
-    def effective_bias(self) -> torch.Tensor | None:
-        return self.bias if self.bias is None or not self.scaled_bias else self.scale * self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`scale * (A x) + base * (I x) + b`: elementwise work on x's rows, not on a d x d

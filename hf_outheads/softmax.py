@@ -30,7 +30,7 @@ from transformers import initialization as init
 from .head_interface import (HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits, training_mode,
                              word_count_vector)
 from .losses import linear_cross_entropy
-from .options import HeadOptions, choice, flag, number
+from .head_options import HeadOptions, choice, flag, number
 from .loss_kernels import PEER_KERNELS, fastest_kernel
 from .sampled_softmax import sampled_nll_sum
 
@@ -51,8 +51,6 @@ class SoftmaxOptions(HeadOptions):
     0.05, 0.5); sampled_proposal: "uniform" (paper) or "unigram" (needs `set_word_counts`);
     output_bias: learn a per-word output bias `b` (the papers' form); False: no bias, so that
     the trained head exports exactly as a stock LM head without one (GPT-2, Llama, T5, ...)."""
-
-    head_type: ClassVar[str] = "softmax"  # each head subclasses these with its own name
 
     training_loss: str = choice("auto", TRAINING_LOSSES)
     loss_kernel: str = choice("auto", LOSS_KERNELS)

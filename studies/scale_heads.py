@@ -53,7 +53,8 @@ SECOND_SEED_WITHIN = 0.03  # a second seed for a run whose perplexity is within 
 FIRST_RUN_OVERHEAD_S = 120  # compilation and the first step, before any run on this device measured them
 
 
-def build_model(cfg: dict, head: str, given: dict, tokenizer, block_size: int):
+def build_model(cfg: dict, head: str, given, tokenizer, block_size: int):
+    """The GPT-2-shaped model of `cfg` with head `head` and its given options (`HeadSpec.options`)."""
     from transformers import GPT2Config
 
     from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
@@ -158,7 +159,7 @@ def train_head(name: str, cfg: dict, data: dict, device, deadline: float | None 
     order = torch.from_numpy(block_order(len(data["train"]), steps, batch, cfg["seed"])).to(device)
     evals = {round(steps * (k + 1) / cfg["evaluations"]) for k in range(cfg["evaluations"])}
     curve, train_s, first_step_s, warm = [], 0.0, None, (1, 0.0)
-    print(f"=== {name} (seed {seed}): {head} {given}, {steps} steps of {batch} x {block} tokens, "
+    print(f"=== {name} (seed {seed}): {given if given is not None else head}, {steps} steps of {batch} x {block} tokens, "
           f"{per_step * steps:.3g} FLOPs, loss: {loss_path}"
           + (f", predicted {predicted:.0f} s" if predicted is not None else ""), flush=True)
     synchronize(device)

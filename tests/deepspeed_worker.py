@@ -30,8 +30,7 @@ from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 from transformers.integrations import unset_hf_deepspeed_config
 
 from hf_outheads import OutHeadsForCausalLM
-from sharded_cases import CASES, LR, ROWS, batches, max_diff, mean_over_processes, reference_run
-from tiny import tiny_model
+from sharded_cases import CASES, LR, ROWS, batches, case_model, dropout_off, max_diff, mean_over_processes, reference_run
 
 ENGINES = ("zero3", "zero3_init", "zero2", "zero3_accumulation", "trainer_zero3")
 
@@ -78,10 +77,10 @@ def run_engine(engine: str, folder: str, references: dict) -> dict:
     results = {}
     for name in (["mos", "tied"] if accumulation > 1 else CASES):
         unset_hf_deepspeed_config()  # the previous Accelerator's: a model built here is plain, as the reference
-        model = None if engine == "zero3_init" else tiny_model("llama", name.split("-")[0], CASES[name]).train()
+        model = None if engine == "zero3_init" else case_model(name).train()
         accelerator = accelerator_for(stage, engine == "zero3_init", accumulation)
         if model is None:  # built partitioned under deepspeed.zero.Init by from_pretrained
-            model = OutHeadsForCausalLM.from_pretrained(f"{folder}/start/{name}").train()
+            model = dropout_off(OutHeadsForCausalLM.from_pretrained(f"{folder}/start/{name}")).train()
         partitioned = model.get_input_embeddings().weight.numel() == 0
         losses, model = train(accelerator, model, accumulation)
         state = accelerator.get_state_dict(model)  # ZeRO-3: gathered from the partitions, for the main process
@@ -119,7 +118,7 @@ def trainer_run(folder: str, references: dict) -> dict:
     results = {}
     for name in CASES:
         unset_hf_deepspeed_config()
-        model = tiny_model("llama", name.split("-")[0], CASES[name]).train()
+        model = case_model(name).train()
         AcceleratorState._reset_state(reset_partial_state=True)
         Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])  # the configured state
         AcceleratorState._reset_state(reset_partial_state=False)  # Trainer builds its own Accelerator on it
@@ -148,8 +147,8 @@ def main(out_path: str) -> None:
     torch.set_num_threads(1)
     references = {}
     with tempfile.TemporaryDirectory() as folder:  # one per process
-        for name, options in CASES.items():  # unsharded references, before any DeepSpeed config is active
-            start = tiny_model("llama", name.split("-")[0], options)
+        for name in CASES:  # unsharded references, before any DeepSpeed config is active
+            start = case_model(name)
             start.save_pretrained(f"{folder}/start/{name}")  # zero3_init loads these start weights
             references[name] = reference_run(start.train())
         engines = sys.argv[2].split(",") if len(sys.argv) > 2 else ENGINES

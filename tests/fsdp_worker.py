@@ -5,7 +5,8 @@ training/accelerate_fsdp2.yaml does; accelerate's Accelerator refuses FSDP on a 
 function is called with the few attributes it reads), trained a few SGD steps, each process on
 its half of every batch, and compared with the same model trained unsharded on both halves.
 The full state dict is saved with `save_pretrained` and loaded back with `from_pretrained`.
-Rank 0 writes what it measured as JSON to argv[1]; the test judges it."""
+Rank 0 writes what it measured as JSON to argv[1]; the test judges it. argv[2], when given, names the
+cases to run (comma-separated; default: every case)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,7 @@ from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from hf_outheads import OutHeadsForCausalLM
-from sharded_cases import CASES, LR, ROWS, batches, max_diff
-from tiny import tiny_model
+from sharded_cases import CASES, LR, ROWS, batches, case_model, dropout_off, max_diff
 
 
 def shard(model):
@@ -55,11 +55,11 @@ def train(model, rank):
     return losses
 
 
-def run_case(name: str, options: dict, rank: int, folder: str) -> dict:
-    head = name.split("-")[0]
-    reference = tiny_model("llama", head, options).train()
+def run_case(name: str, rank: int, folder: str) -> dict:
+    reference = case_model(name).train()
     expected_losses = train(reference, None)
-    model = tiny_model("llama", head, options).train()
+    model = case_model(name).train()
+    reads_embeddings = model.head.reads_embeddings
     embedding = model.backbone.get_input_embeddings()
     model = shard(model)
     layers = model.backbone.layers
@@ -73,6 +73,7 @@ def run_case(name: str, options: dict, rank: int, folder: str) -> dict:
         "view_warnings": sorted({str(w.message)[:120] for w in caught if "view tensor" in str(w.message)}),
         # the plan: E and the head in one group; each decoder layer (`_no_split_modules`) in its own
         "embedding_with_head": embedding._get_fsdp_state() is model.head._get_fsdp_state(),
+        "reads_embeddings": reads_embeddings,
         "layers_apart": len({id(layer._get_fsdp_state()) for layer in layers}) == len(layers)
         and all(layer._get_fsdp_state() is not model._get_fsdp_state() for layer in layers),
         "no_split_modules": sorted(model._no_split_modules),
@@ -81,7 +82,7 @@ def run_case(name: str, options: dict, rank: int, folder: str) -> dict:
         result["weight_diff"] = max_diff(state, reference.state_dict())
         path = f"{folder}/{name}"
         model.save_pretrained(path, state_dict=state)
-        loaded = OutHeadsForCausalLM.from_pretrained(path).train()
+        loaded = dropout_off(OutHeadsForCausalLM.from_pretrained(path)).train()
         result["architectures"] = loaded.config.architectures
         result["loaded_diff"] = max_diff(loaded.state_dict(), reference.state_dict())
         ids = batches()[0]
@@ -91,14 +92,14 @@ def run_case(name: str, options: dict, rank: int, folder: str) -> dict:
     return result
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, names: list[str]) -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     rank = dist.get_rank()
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name, options in CASES.items():
-            results[name] = run_case(name, options, rank, folder)
+        for name in names:
+            results[name] = run_case(name, rank, folder)
             dist.barrier()
     if rank == 0:
         with open(out_path, "w") as f:
@@ -107,4 +108,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else list(CASES))

@@ -1,33 +1,51 @@
 """What the sharded-training workers (tests/fsdp_worker.py, tests/deepspeed_worker.py) share: the
-heads they train (tiny Llama, dropout off: the sharded and unsharded runs see the same function),
-the batches, and the unsharded reference run they are compared with."""
+heads they train (every registered head, derived from the catalog; tiny Llama, dropout off: the
+sharded and unsharded runs see the same function), the batches, and the unsharded reference run
+they are compared with."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.distributed as dist
 
-from tiny import VOCAB
+from hf_outheads import HEAD_CLASSES
+from tiny import VOCAB, tiny_model
+from training.options import head_spec
 
-_LIGHTRNN = {"num_components": 2, "num_exclusive": 8, "num_rows": 8, "num_columns": 16, "latent_dropout": 0.0}
-_DOC = {"components": [[-1, 2], [1, 1], [0, 1]], "latent_dropout": 0.0}
-CASES = {  # name: head options; the head type is the name up to "-"
-    "tied": {},
-    "linear": {},
-    "drill": {"depth": 2, "dropout": 0.0},
-    "joint": {"joint_dim": 16},
-    "mos": {"num_components": 3, "latent_dropout": 0.0},
-    "mos-tied": {"num_components": 3, "latent_dropout": 0.0, "tied": True},
-    "doc": _DOC,
-    "doc-tied": {**_DOC, "tied": True},
-    "lightrnn": _LIGHTRNN,
-    "lightrnn-tied": {**_LIGHTRNN, "tied": True},
-    "sigsoftmax": {},
-    "mtp": {"num_future": 2, "num_attention_heads": 2},  # shared head `tied`: scores with E
-    "mtp-independent": {"num_future": 2, "num_attention_heads": 2, "form": "independent", "head": "linear"},
-}
-READS_E = {"tied", "drill", "joint", "lightrnn-tied", "mos-tied", "doc-tied", "mtp"}  # heads scoring with E
+
+def variants() -> dict[str, dict]:
+    """Every registered head with its contract options (`contract_options`), and the form that reads
+    `E` of each head whose option `tied` makes it do so (`<head>-tied`), as a config's
+    `head_options_by_head` writes them: the workers name a case's head by `training.options.head_spec`,
+    the one rule from a run name to its head."""
+    cases = {}
+    for head_type, cls in HEAD_CLASSES.items():
+        cases[head_type] = dict(cls.contract_options)
+        if "tied" in {f.name for f in dataclasses.fields(cls.Options)}:
+            cases[f"{head_type}-tied"] = {"head_type": head_type, **cls.contract_options, "tied": True}
+    return cases
+
+
+VARIANTS = variants()
+CASES = {name: head_spec(name, VARIANTS) for name in VARIANTS}  # name -> HeadSpec
 STEPS, LR, ROWS, LENGTH = 3, 0.5, 2, 9  # ROWS per process
+
+
+def case_model(name: str):
+    """The tiny Llama model of case `name`, every dropout off (`dropout_off`)."""
+    spec = CASES[name]
+    return dropout_off(tiny_model("llama", spec.head_type, spec.options))
+
+
+def dropout_off(model):
+    """Every `nn.Dropout`'s rate to 0, as TRL's `disable_dropout_in_model` does (a head's dropout is
+    one: `head_interface.OutputHead`), so that each process's half of a batch sees the reference's function."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
 
 
 def batches() -> list[torch.Tensor]:

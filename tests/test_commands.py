@@ -83,7 +83,7 @@ def test_the_scripts_run_by_path_from_the_repository_root_and_from_any_folder(tm
     for argv, cwd in (([*launch, "training/train.py"], ROOT), ([ROOT / "training" / "train.py"], tmp_path)):
         run = command(*argv, "--help", cwd=cwd, timeout=120)
         assert run.returncode == 0 and "--overwrite_output_dir" in run.stdout, run.stderr[-3000:]
-    run = command(ROOT / "training" / "export_plain.py", "missing", "out", cwd=tmp_path, timeout=120)
+    run = command(ROOT / "training" / "export.py", "missing", "out", cwd=tmp_path, timeout=120)
     assert run.returncode == 1 and run.stderr.strip() == "Not exported: the folder missing does not exist.", run.stderr
 
 
@@ -92,7 +92,7 @@ def test_exporting_a_folder_that_does_not_exist_says_so_in_one_line_without_the_
     never reaches the Hub; a repo id does, and its failure is one line too."""
     import transformers
 
-    from training.export_plain import main
+    from training.export import main
 
     def no_hub(name, *args, **kwargs):
         raise AssertionError(f"the Hub was asked for {name}")

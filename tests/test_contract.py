@@ -51,20 +51,20 @@ def logits_of(model, inputs):
 
 TOY_HEAD = '''"""`toy`: a throwaway head of the completeness test (an untied softmax)."""
 
-from typing import ClassVar
-
 from .head_interface import Paper
 from .head_linear import LinearHead, LinearOptions
 
 
 class ToyOptions(LinearOptions):
-    head_type: ClassVar[str] = "toy"
+    """`toy`'s options: `linear`'s."""
 
 
 class ToyHead(LinearHead):
     head_type = "toy"
     Options = ToyOptions
-    papers = (Paper("A Toy Output Layer", "https://example.org/toy", "@misc{toy2026, title = {A Toy}}", arxiv="2601.00001"),)
+    papers = (Paper("A Toy Output Layer", "https://example.org/toy",
+                    "@misc{toy2026, title = {A Toy}, author = {Doe, Jane and Roe, Richard}, year = {2026}}",
+                    arxiv="2601.00001"),)
     exact_plain_export = True
     benchmark_options = {"": {}, "small": {"output_bias": False}}
     contract_options = {"output_bias": False}
@@ -77,8 +77,10 @@ from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
 from hf_outheads.export_plain import plain_export_capabilities
 from hf_outheads.model_card import build_model_card, citation_section
 from head_cases import HEAD_CASES
-from benchmarks.bench_heads import HEAD_OPTIONS
+from benchmarks.bench_heads import HEAD_VARIANTS, run_case
+from sharded_cases import CASES
 from tiny import tiny_config
+from training.options import head_spec
 
 assert "/copy/" in hf_outheads.__file__, hf_outheads.__file__
 model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), head_type="toy",
@@ -86,8 +88,15 @@ model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), hea
 card = str(build_model_card(model))
 assert "arxiv:2601.00001" in card and "outheads-toy" in card, card
 assert "@misc{toy2026" in citation_section("toy")
-assert HEAD_OPTIONS["toy"] == {} and HEAD_OPTIONS["toy-small"] == {"output_bias": False}
+assert HEAD_VARIANTS["toy"] == {} and HEAD_VARIANTS["toy-small"] == {"head_type": "toy", "output_bias": False}
+assert head_spec("toy-small", HEAD_VARIANTS).head_type == "toy" and CASES["toy"].head_type == "toy"
+measured = run_case(dict(head="toy-small", vocab=64, positions=32, reps=1, threads=1, warmup=True, device="cpu",
+                         dtype="fp32", backbone="gpt2-tiny", gen_tokens=0, gen_reps=1))
+assert measured["step_s"] > 0 and measured["step_vs_tied"] > 0, measured
 assert plain_export_capabilities()["toy"] is True
+from studies.doc_tables import head_table, serving_table
+assert "| `toy` | [Doe & Roe 2026](https://arxiv.org/abs/2601.00001) | yes |" in head_table(), head_table()
+assert "`toy`" in next(line for line in serving_table().splitlines() if line.startswith("| `linear`"))
 assert HEAD_CASES["toy"] == {"output_bias": False}
 assert model.export_plain(sys.argv[1]).exact
 print("toy everywhere")
@@ -100,8 +109,10 @@ def test_every_registered_head_has_a_case():
 
 def test_a_new_head_is_one_file_and_one_catalog_line(tmp_path):
     """A throwaway head in a copy of the package: its file plus one import line in head_catalog.py,
-    nothing else; its card (tags and citation), the benchmark's cases, the export's capability
-    table and the contract cases all pick it up."""
+    nothing else; its card (tags and citation), the benchmark's cases (one measured), the export's
+    capability table, the README's head and serving tables, the contract cases and the
+    sharded-training cases all pick it up, and the
+    FSDP2 worker trains it on two processes as it trains unsharded."""
     import shutil
     from pathlib import Path
 
@@ -119,6 +130,13 @@ def test_a_new_head_is_one_file_and_one_catalog_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package.parent), str(root / "tests"), str(root)])}
     result = run([sys.executable, "-c", CHECK_TOY, str(tmp_path / "plain")], env=env, timeout=240, cwd=tmp_path)
     assert result.returncode == 0 and "toy everywhere" in result.stdout, result.stderr[-3000:]
+    out = tmp_path / "fsdp.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(root / "tests" / "fsdp_worker.py"), str(out), "toy"]
+    result = run(command, env={**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, timeout=240, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    toy = json.loads(out.read_text())["toy"]
+    assert toy["losses"] == pytest.approx(toy["expected_losses"], abs=1e-5) and toy["weight_diff"] < 1e-5, toy
 
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)

@@ -30,7 +30,7 @@ def test_unknown_head_option_is_named():
         OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="bilinear", head_options={"widht": 3})
 
 
-# (head, option, invalid value); more in tests/test_options.py
+# (head, option, invalid value); more in tests/test_head_options.py
 BAD_SIZES = [("joint", "joint_dim", 0), ("joint", "joint_dim", -4), ("drill", "depth", -1),
              ("mos", "num_components", 0), ("mos", "num_components", -2),
              ("doc", "components", [[-1, 0]]), ("doc", "components", [[-1, -3]])]

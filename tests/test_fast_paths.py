@@ -9,7 +9,7 @@ from hf_outheads.sampled_softmax import sample_candidates, sampled_nll_sum
 from tiny import tiny_config
 
 # the heads with the chunked and the sampled training loss (`training_losses()`), with their contract options
-SINGLE = {head: HEAD_CASES[head] for head, cls in HEAD_CLASSES.items() if cls.offers_sampled_loss()}
+SINGLE = {head: HEAD_CASES[head] for head, cls in HEAD_CLASSES.items() if "sampled" in cls.training_losses()}
 
 
 def model_for(head, **options):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sharded_cases import CASES, READS_E
+from hf_outheads import HeadInputs
+from sharded_cases import CASES
 from subprocess_runs import run
 
 HERE = Path(__file__).resolve().parent
@@ -34,12 +35,13 @@ def results(tmp_path_factory):
 
 def test_fsdp2_trains_every_head_as_unsharded(results):
     assert set(results) == set(CASES)
+    assert {result["reads_embeddings"] for result in results.values()} == {True, False}  # both kinds of head ran
     for name, result in results.items():
         assert result["losses"] == pytest.approx(result["expected_losses"], abs=1e-5), name
         assert len(set(result["losses"])) == len(result["losses"]), f"{name}: the steps changed nothing"
         assert result["weight_diff"] < 1e-5, (name, result["weight_diff"])
         # the wrap plan: E's group holds the head exactly when the head reads E; decoder layers apart
-        assert result["embedding_with_head"] == (name in READS_E), name
+        assert result["embedding_with_head"] == result["reads_embeddings"], name
         assert result["layers_apart"] and result["no_split_modules"] == ["LlamaDecoderLayer"], name
         # no output of a sharded module is a view (FSDP2 would drop the pre-backward hook of an in-place op on it)
         assert result["view_warnings"] == [], (name, result["view_warnings"])
@@ -51,28 +53,41 @@ def test_fsdp2_full_state_dict_loads_with_from_pretrained(results):
         assert result["loaded_diff"] < 1e-5 and result["loaded_loss_diff"] < 1e-5, (name, result)
 
 
+def scores_read_e(head, embeddings: torch.Tensor) -> bool:
+    """Whether the head's eval-mode scores move when `E` does, its other inputs held fixed."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, 3, head.dims.hidden_dim, generator=g)
+    layers = {i: torch.randn(1, 3, head.dims.hidden_dim, generator=g) for i in head.layer_indices}
+    with torch.no_grad():
+        scores = [head.eval()(HeadInputs(hidden=hidden, embeddings=e, layers=layers)).logits
+                  for e in (embeddings, embeddings + torch.randn(embeddings.shape, generator=g))]
+    return not torch.equal(*scores)
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2", "t5", "bart"])
-def test_heads_reading_e_show_it_as_their_weight(family):
+def test_heads_reading_e_say_so_and_show_it_as_their_weight(family):
     """What accelerate's FSDP2 wrap reads to keep E and the output layer in one group:
     `get_output_embeddings().weight is get_input_embeddings().weight`, for the heads that read E
-    only, after a resize, a new embedding module and in a deep copy."""
+    only (their scores move with E; `head.reads_embeddings` says so), after a resize, a new
+    embedding module and in a deep copy."""
     import copy
 
-    from head_cases import HEAD_CASES
     from tiny import tiny_model
 
-    tied_forms = [(head, {**HEAD_CASES[head], "tied": True}) for head in ("lightrnn", "mos", "doc")]
-    for head, options in [*HEAD_CASES.items(), *tied_forms]:
-        model = tiny_model(family, head, options)
-        reads_e_types = ("tied", "bilinear", "joint", "drill")  # mtp: as its shared head
-        reads_e = head in reads_e_types or options.get("tied", False) or options.get("head") in reads_e_types
+    kinds = set()
+    for name, spec in CASES.items():
+        model = tiny_model(family, spec.head_type, spec.options)
+        reads_e = scores_read_e(model.head, model.output_embedding_matrix().detach())
+        assert model.head.reads_embeddings == reads_e, (family, name)
+        kinds.add(reads_e)
         for probe in (model, copy.deepcopy(model)):
             weight = getattr(probe.get_output_embeddings(), "weight", None)
-            assert (weight is probe.get_input_embeddings().weight) == reads_e, (family, head)
+            assert (weight is probe.get_input_embeddings().weight) == reads_e, (family, name)
         model.resize_token_embeddings(model.config.vocab_size + 3)
         model.set_input_embeddings(torch.nn.Embedding(*model.get_input_embeddings().weight.shape))  # a new module
         weight = getattr(model.get_output_embeddings(), "weight", None)
-        assert (weight is model.get_input_embeddings().weight) == reads_e, (family, head, "replaced")
+        assert (weight is model.get_input_embeddings().weight) == reads_e, (family, name, "replaced")
         embedding = model.get_input_embeddings().weight  # the head holds no parameter of the backbone's
-        assert not [name for name, p in model.named_parameters(remove_duplicate=False) if name.startswith("head.")
-                    and p is embedding], (family, head)
+        assert not [key for key, p in model.named_parameters(remove_duplicate=False) if key.startswith("head.")
+                    and p is embedding], (family, name)
+    assert kinds == {True, False}

@@ -155,7 +155,7 @@ def test_a_scaled_map_computes_its_effective_linear_map(in_dim, out_dim, init):
 @pytest.mark.parametrize("in_dim, d", [(8, 8), (8, 5), (5, 8)])
 def test_a_latent_scaled_map_is_the_same_formula_with_copies_and_a_scaled_bias(in_dim, d):
     """The mixtures' latent maps are `ScaledMap`s too: 3 copies of the identity, `base = 1 - s`,
-    bias `s c`; forward equals `F.linear` with `effective_weight()` and `effective_bias()`, and
+    bias `s c`; forward equals `F.linear` with `effective_weight()` and the bias `s c`, and
     `set_effective_weight` stores a given map whatever `s`."""
     from hf_outheads.scaled_map import ScaledMap
 
@@ -165,7 +165,7 @@ def test_a_latent_scaled_map_is_the_same_formula_with_copies_and_a_scaled_bias(i
         layer.weight.normal_()
         layer.bias.normal_()
     x = torch.randn(2, 4, in_dim, dtype=torch.float64)
-    want = torch.nn.functional.linear(x, layer.effective_weight(), layer.effective_bias())
+    want = torch.nn.functional.linear(x, layer.effective_weight(), 0.1 * layer.bias)
     torch.testing.assert_close(layer(x), want)
     eye = torch.eye(d, in_dim, dtype=torch.float64).repeat(3, 1)
     torch.testing.assert_close(layer.effective_weight(), 0.9 * eye + 0.1 * layer.weight)
@@ -174,15 +174,17 @@ def test_a_latent_scaled_map_is_the_same_formula_with_copies_and_a_scaled_bias(i
     torch.testing.assert_close(layer.effective_weight(), target)
 
 
-def test_every_map_scale_default_is_in_one_table():
-    """`MAP_SCALE_DEFAULTS` is where every head's map_scale defaults come from."""
-    from hf_outheads import HEAD_CLASSES
-    from hf_outheads.scaled_map import MAP_SCALE_DEFAULTS, MapScaleOptions
+def test_every_head_with_scaled_maps_states_its_map_scale_defaults():
+    """A head whose options declare `map_scale` states in its options class what an unset one is:
+    from scratch a rate in (0, 1], converted from a trained head the full rate (1)."""
+    from hf_outheads import HEAD_CLASSES, HeadDims
+    from hf_outheads.scaled_map import MapScaleOptions
 
-    with_maps = {name for name, cls in HEAD_CLASSES.items() if issubclass(cls.Options, MapScaleOptions)}
-    assert with_maps == set(MAP_SCALE_DEFAULTS)
-    for name, row in MAP_SCALE_DEFAULTS.items():
-        options = HEAD_CLASSES[name].Options
-        assert options.scratch_defaults["map_scale"] == row.scratch
-        assert options.conversion_defaults["map_scale"] == row.conversion
-        assert options.saved_defaults.get("map_scale") == row.saved
+    dims = HeadDims(vocab_size=99, embed_dim=32, hidden_dim=32, num_layers=2)
+    with_maps = {name: cls.Options for name, cls in HEAD_CLASSES.items() if issubclass(cls.Options, MapScaleOptions)}
+    assert {"bilinear", "joint", "mos", "doc", "lightrnn"} <= set(with_maps)
+    for name, options in with_maps.items():
+        given = HEAD_CLASSES[name].contract_options
+        scratch = options.from_dict(given).resolve(dims).map_scale
+        converted = options.from_dict(given).for_conversion().resolve(dims).map_scale
+        assert isinstance(scratch, float) and 0 < scratch <= 1 and converted == 1.0, (name, scratch, converted)

@@ -26,7 +26,7 @@ def without_labels(backbone):
 @pytest.mark.parametrize("backbone", ["gpt2", "t5"])
 def test_forward_backward_generate_with_middle_layers(backbone):
     model = tiny_model(backbone, "doc", {"components": COMPONENTS, "latent_dropout": 0.3})
-    assert model.head.layer_indices == (0, 1) and model.head.num_components == 4
+    assert model.head.layer_indices == (0, 1) and model.head.total_components == 4
     data = batch(backbone)
     with torch.no_grad():
         out = model(**data)

@@ -203,7 +203,7 @@ def test_converted_components_diverge_after_one_step():
 # ----- map_scale: latent maps stored as (1 - s) I + s A -----
 def latent_maps(head) -> torch.Tensor:
     """The effective latent maps `(J * d, d_h)` of a one-group head."""
-    eye = torch.eye(head.latent_size, head.dims.hidden_dim).repeat(head.num_components, 1)
+    eye = torch.eye(head.latent_size, head.dims.hidden_dim).repeat(head.total_components, 1)
     return head.latent_base * eye + head.latent_scale * head.latents[0].weight
 
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from hf_outheads import HEAD_CLASSES, OutHeadsForCausalLM
 from tiny import batch, tiny_model
 
-CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "head_interface.py", "options.py", "head_catalog.py",
+CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "head_interface.py", "head_options.py", "head_catalog.py",
               "backbones.py", "softmax.py", "sampled_softmax.py", "losses.py", "mixture.py", "lightrnn_table.py"}
 
 

@@ -136,7 +136,7 @@ def test_the_copied_source_is_scored_as_a_prediction():
 
 
 def seq2seq_run(name, seed, bleu, curve, flops_per_step=1e12):
-    return {"name": name, "head": name.split("-")[0], "head_options": {}, "seed": seed, "eval_perplexity": 10.0,
+    return {"name": name, "head": name, "head_options": {}, "seed": seed, "eval_perplexity": 10.0,
             "eval_sacrebleu": bleu, "eval_chrf": bleu + 20, "eval_copy_sacrebleu": 5.0, "eval_copy_chrf": 30.0,
             "parameters": 100, "head_parameters": 10, "train_step_time_s": 0.1, "train_flops": flops_per_step * curve[-1][0],
             "curve": [{"step": s, "train_flops": s * flops_per_step, "eval_perplexity": 10.0, "eval_sacrebleu": b}

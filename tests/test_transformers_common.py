@@ -1,17 +1,19 @@
 """transformers' own model tests (`ModelTesterMixin`, `ConfigTester` of the installed version)
-on a small matrix of wrapped backbones and heads: Llama and T5, `tied` and `mos`.
+on a small matrix of wrapped backbones and heads: Llama and T5, `tied`, `drill`, `joint` and `mos`.
 
-The tests come from the installed version's source distribution, downloaded at test time
-(`pip download --no-deps --no-binary :all: transformers==<version>`) into a cache folder, never
-copied into this repository; without it (no network, no pip) the module is skipped, saying so
-(the `downloads` marker, tests/downloads.py: CI fails instead).
+The tests are transformers' `tests/test_modeling_common.py` and `tests/test_configuration_common.py`
+of the installed version: for 5.24.0 (the floor pyproject.toml allows) the copy in
+tests/vendor/transformers_5_24_0 (Apache License 2.0, vendored unmodified), which runs offline; for
+another version its source distribution, downloaded at test time (`pip download --no-deps
+--no-binary :all: transformers==<version>`) into a cache folder; without it (no network, no pip)
+the module is skipped, saying so (the `downloads` marker, tests/downloads.py: CI fails instead).
 
-Adaptations, each for a reason that does not apply to a wrapper or to the downloaded files:
+Adaptations, each for a reason that does not apply to a wrapper or to transformers' files:
   - the sdist ships `tests/` without its `generation/`, `exporters/` and `utils/` sub-packages,
-    which `test_modeling_common` / `test_configuration_common` import: they are stubbed
-    (`GenerationTesterMixin`, `ExportTesterMixin`: empty mixins, so generation and export are
-    not run here; they are tested in test_generate.py and test_export.py; `config_common_kwargs`:
-    transformers' own values);
+    which `test_modeling_common` / `test_configuration_common` import: they are stubbed (the
+    vendored copy's stubs, also put beside a downloaded version's files: `GenerationTesterMixin`,
+    `ExportTesterMixin`: empty mixins, so generation and export are not run here; they are tested
+    in test_generate.py and test_export.py; `config_common_kwargs`: transformers' own values);
   - `SKIPPED` below lists the tests that cannot apply, with the reason.
 
 Out of scope by design: transformers' tests that take the output layer for an `nn.Linear` (or
@@ -31,6 +33,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -46,15 +49,10 @@ from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqL
 
 VERSION = transformers.__version__
 PACKAGE = "transformers_tests_" + VERSION.replace(".", "_")
+VENDORED_VERSION = "5.24.0"
+VENDORED = Path(__file__).resolve().parent / "vendor" / ("transformers_" + VENDORED_VERSION.replace(".", "_"))
+STUBS = ("exporters", "generation", "utils")  # the sub-packages the sdist lacks, stubbed in the vendored copy
 CACHE = Path(os.environ.get("HF_OUTHEADS_TEST_CACHE", Path.home() / ".cache" / "hf_outheads")) / f"transformers-{VERSION}"
-STUBS = {
-    "exporters/test_export.py": "class ExportTesterMixin:\n    pass\n",
-    "generation/test_utils.py": "class GenerationTesterMixin:\n    pass\n",
-    "utils/test_configuration_utils.py": (
-        "config_common_kwargs = {'return_dict': False, 'output_hidden_states': True, 'output_attentions': True,\n"
-        "                        'dtype': 'float16', 'chunk_size_feed_forward': 5, 'architectures': ['BertModel'],\n"
-        "                        'id2label': {0: 'label'}, 'label2id': {'label': '0'}, 'problem_type': 'regression'}\n"),
-}
 
 # test name -> why it cannot apply to an OutHeads wrapper (or to the downloaded files)
 SKIPPED = {
@@ -68,10 +66,14 @@ SKIPPED = {
 }
 
 
-def _download() -> Path:
+def transformers_tests_folder() -> Path:
+    """The folder of transformers' test modules for the installed version: the vendored copy, or
+    for another version its sdist's `tests/` (downloaded once) with the vendored stubs."""
+    if VERSION == VENDORED_VERSION:
+        return VENDORED
     package = CACHE / PACKAGE
     if (package / "test_modeling_common.py").exists():
-        return CACHE
+        return package
     CACHE.mkdir(parents=True, exist_ok=True)
     archive = CACHE / f"transformers-{VERSION}.tar.gz"
     if not archive.exists():
@@ -86,20 +88,16 @@ def _download() -> Path:
             if member.isfile() and name.startswith(prefix) and "/models/" not in name[len(prefix):]:
                 member.name = name[len(prefix):]
                 tar.extract(member, package, filter="data")
-    for relative, text in STUBS.items():
-        path = package / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for folder in (package, path.parent):
-            (folder / "__init__.py").touch()
-        if not path.exists():
-            path.write_text(text)
-    return CACHE
+    (package / "__init__.py").touch()
+    for stub in STUBS:
+        shutil.copytree(VENDORED / stub, package / stub, dirs_exist_ok=True)
+    return package
 
 
 def load_common():
     pytest.importorskip("parameterized")
-    package = _download() / PACKAGE
-    if PACKAGE not in sys.modules:  # the downloaded folder as a package, loaded from its location
+    package = transformers_tests_folder()
+    if PACKAGE not in sys.modules:  # the folder as a package, loaded from its location
         spec = importlib.util.spec_from_file_location(PACKAGE, package / "__init__.py",
                                                       submodule_search_locations=[str(package)])
         sys.modules[PACKAGE] = importlib.util.module_from_spec(spec)
@@ -148,8 +146,9 @@ class Tester:
 
 
 CASES = [("llama", "tied"), ("llama", "drill"), ("llama", "mos"), ("t5", "tied"), ("t5", "joint"), ("t5", "mos")]
-pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning"),  # transformers' own marks
-              pytest.mark.downloads(f"transformers=={VERSION}'s source distribution from PyPI, for its tests")]
+pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")]  # transformers' own marks
+if VERSION != VENDORED_VERSION:  # another version's tests come from its source distribution
+    pytestmark.append(pytest.mark.downloads(f"transformers=={VERSION}'s source distribution from PyPI, for its tests"))
 
 
 def run_suite(common, backbone, head):
@@ -208,3 +207,16 @@ def test_transformers_model_tests(common, backbone, head):
     problems = [(test.id().rsplit(".", 1)[-1], trace.strip().splitlines()[-1][:300])
                 for test, trace in result.failures + result.errors]
     assert result.testsRun > 50 and not problems, "\n".join(f"{name}: {last}" for name, last in problems)
+
+
+def test_the_vendored_tests_are_the_floors_so_the_floor_runs_them_offline():
+    """CI runs the suite on the lowest transformers pyproject.toml allows: the vendored copy is that
+    version's, so there the tests run without a download (a raised floor needs a new copy)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    requirement = next(dep for dep in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+                       if dep.startswith("transformers"))
+    floor = requirement.split(">=")[1].split(",")[0].split(".")
+    assert VENDORED_VERSION.split(".") == floor + ["0"] * (3 - len(floor)), (VENDORED_VERSION, floor)
+    assert f"from transformers {VENDORED_VERSION}'s source distribution" in (VENDORED / "test_modeling_common.py").read_text()

@@ -75,9 +75,9 @@ def model_class(name: str):
     return OutHeadsForSeq2SeqLM if name in SEQ2SEQ else OutHeadsForCausalLM
 
 
-def tiny_model(name: str, head_type: str, options: dict | None = None, seed: int = 0):
+def tiny_model(name: str, head_type: str, options=None, seed: int = 0):
     """The one test builder: an hf_outheads model on the tiny `name` backbone with a fresh
-    `head_type` head (seeded), in eval mode."""
+    `head_type` head (seeded), in eval mode; `options` a dict or the head's options object."""
     from hf_outheads import OutHeadsConfig
 
     torch.manual_seed(seed)

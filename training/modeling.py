@@ -86,7 +86,7 @@ def build_model(options, tokenizer):
     _set_dropout(config, options.dropout)
     for key, value in options.model_overrides.items():
         setattr(config, key, value)
-    model = cls.from_backbone(options.pretrained, head_type=head.head_type, head_options=head.options or None,
+    model = cls.from_backbone(options.pretrained, head_type=head.head_type, head_options=head.options,
                               config=config)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but {options.pretrained} only {model.config.vocab_size} "

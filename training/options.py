@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from hf_outheads import HEAD_CLASSES, HeadOptions, get_head_class
 
 
 def opt(default: Any, help: str, choices: tuple | None = None):
@@ -115,58 +118,64 @@ class TrainOptions:
 
     def head_spec(self, name: str | None = None) -> HeadSpec:
         """The head of the run called `name` (default: `head_type`) under these options
-        (`head_spec`). `head_type: null` (a pretrained model keeps its head form) needs
-        `pretrained` and has nothing to check."""
+        (`head_spec`), built and checked once per name: later calls return the same object while
+        the options it comes from are unchanged. `head_type: null` (a pretrained model keeps its
+        head as it is) needs `pretrained` and takes no head options."""
+        key = (name, self.head_type, self.pretrained, json.dumps([self.head_options, self.head_options_by_head],
+                                                                 sort_keys=True, default=str))
+        built = self.__dict__.setdefault("_head_specs", {})  # not a field: never written to a config
+        if key not in built:
+            built[key] = self._build_head_spec(name)
+        return built[key]
+
+    def _build_head_spec(self, name: str | None) -> HeadSpec:
         if name is None and self.head_type is None:
             if not self.pretrained:
-                from hf_outheads import HEAD_CLASSES
-
                 raise ValueError("Option head_type: null (keep the pretrained head) needs pretrained; "
                                  f"choose one of {sorted(HEAD_CLASSES)}.")
-            return HeadSpec(None, dict(self.head_options))
+            if self.head_options:
+                raise ValueError(f"Option head_options={self.head_options!r} needs a head_type: with head_type: null "
+                                 "the pretrained model keeps its head as it is.")
+            return HeadSpec(None, None)
         return head_spec(self.head_type if name is None else name, self.head_options_by_head, self.head_options)
 
 
 @dataclass(frozen=True)
 class HeadSpec:
-    """A run's head: its type and the options given for it (a partial dict: the head's defaults
-    fill in the rest when the model is built, those for a conversion when it converts a
-    pretrained model). Built and checked by `head_spec`."""
+    """A run's head: its type and the options given for it, as the head's options object, checked
+    against the head's declarations when built (`HeadOptions.from_dict`); None when none was given.
+    Fields left unset take the head's defaults when the model is built, those for a conversion
+    when it converts a pretrained model. Built by `head_spec`; the model is built from this object
+    (`OutHeadsConfig(head_options=...)`, `from_backbone(head_options=...)`), not from a dict."""
 
     head_type: str | None
-    options: dict
-
-    def options_class(self):
-        """The head type's options class; an unknown head type is a ValueError listing the valid ones."""
-        from hf_outheads import get_head_class
-
-        return get_head_class(self.head_type).Options
+    options: HeadOptions | None
 
     def spelt_out(self) -> dict:
-        """Every option: the head's current defaults under the given ones."""
-        return dataclasses.asdict(self.options_class().from_dict(self.options))
+        """Every option: the given ones, and the head's current defaults (None where a default is
+        decided when the model is built) for the others."""
+        return dataclasses.asdict(self.options or get_head_class(self.head_type).Options())
 
 
 def head_spec(name: str, head_options_by_head: dict, head_options: dict | None = None) -> HeadSpec:
-    """The one rule from a run name to its head (train.py, compare_heads.py, scale_heads.py and
-    the tests use it): `name` is a head type, or a key of `head_options_by_head` whose entry
-    names its head with `head_type` (a variant, e.g. `mos-paper: {head_type: mos, latent_init:
-    uniform}`); its options are that entry's under `head_options`. Each option is checked against
-    the head's declarations now (`HeadOptions.checked`); what depends on the backbone's sizes is
+    """The one rule from a run name to its head (train.py, compare_heads.py, scale_heads.py, the
+    benchmarks and the tests use it): `name` is a head type, or a key of `head_options_by_head`
+    whose entry names its head with `head_type` (a variant, e.g. `mos-paper: {head_type: mos,
+    latent_init: uniform}`); its options are that entry's under `head_options`, checked against the
+    head's declarations now (`HeadOptions.from_dict`); what depends on the backbone's sizes is
     checked when the model is built. A ValueError names the problem."""
     entry = head_options_by_head.get(name, {})
     if not isinstance(entry, dict):
         raise ValueError(f"Option head_options_by_head[{name!r}] must be a mapping of option: value, got {entry!r}.")
     entry = dict(entry)
-    spec = HeadSpec(entry.pop("head_type", name), {**entry, **(head_options or {})})
+    head_type, given = entry.pop("head_type", name), {**entry, **(head_options or {})}
     try:
-        options_class = spec.options_class()
+        options_class = get_head_class(head_type).Options
     except ValueError as error:
         hint = " A variant (a key of head_options_by_head) names its head with `head_type`." \
-            if name == spec.head_type and name in head_options_by_head else ""
+            if name == head_type and name in head_options_by_head else ""
         raise ValueError(f"{error}{hint}") from None
-    options_class.from_dict(spec.options).checked()
-    return spec
+    return HeadSpec(head_type, options_class.from_dict(given) if given else None)
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainOptions)}

@@ -1,5 +1,5 @@
 """Checks of a training run's options before any work starts (`train.parse_args`), so that a
-wrong option fails in a second with one message instead of after the data is tokenised:
+wrong option fails with one message once the script is imported, not after the data is tokenised:
 
 - the backbone: exactly one of `model_preset` (a known preset that fits the task) and
   `pretrained`, and a tokenizer that can serve it (`auto` needs a pretrained model);
@@ -17,14 +17,16 @@ from __future__ import annotations
 import json
 import os
 
+from transformers import AutoConfig
+
 from .checkpoints import MARKER, checkpoint_to_resume
 from .launching import check_sharding
+from .modeling import PRESETS, check_backbone
 
 
-def check_backbone(options) -> None:
-    from .modeling import check_backbone as check_preset_or_pretrained
-
-    check_preset_or_pretrained(options)
+def check_tokenizer(options) -> None:
+    """A tokenizer that can serve the backbone: `auto` needs a pretrained model, and a trained BPE
+    no larger than a preset's overridden vocabulary."""
     vocab = options.model_overrides.get("vocab_size")
     if options.model_preset and isinstance(vocab, int) and options.tokenizer == "bpe" \
             and vocab < options.tokenizer_vocab_size:
@@ -36,12 +38,8 @@ def check_backbone(options) -> None:
 
 
 def planned_backbone(options) -> str | None:
-    """The backbone family (`model_type`) the run builds, when known without downloading."""
-    from transformers import AutoConfig
-
-    import hf_outheads  # noqa: F401  (an OutHeads folder's config)
-    from .modeling import PRESETS
-
+    """The backbone family (`model_type`) the run builds, when known without downloading (an
+    hf_outheads folder's config: `import hf_outheads` registered it, through `.modeling`)."""
     if options.model_preset:
         return PRESETS[options.model_preset][0]
     if os.path.isdir(options.pretrained):
@@ -90,5 +88,6 @@ def check_hub(options) -> None:
 def check_run(options) -> None:
     check_sharding()
     check_backbone(options)
+    check_tokenizer(options)
     check_checkpoint(options)
     check_hub(options)

@@ -12,33 +12,6 @@ from __future__ import annotations
 if not __package__:  # run by path (`accelerate launch training/train.py`): its modules are the installed package's
     __package__ = "hf_outheads.training"
 
-from .launching import first_process
-from .options import TrainOptions, parse_options
-from .preflight import check_run
-
-
-def refusal(error) -> SystemExit:
-    """The exit of a run that cannot go on, which every process of a launch meets alike: one line on
-    stderr and a non-zero status from the launch's first process, so a launch of N processes says it
-    once. The others end silently with status 0: torchrun ends every worker at the first failure, and
-    a failing peer could end the first process before it has said why; the launch fails with it."""
-    return SystemExit(f"train.py: error: {error}" if first_process() else 0)
-
-
-def parse_args(argv=None):
-    """The options, checked before any work starts (`preflight.check_run`); a wrong option is
-    one message on stderr and a non-zero exit status, without a traceback."""
-    try:
-        options = parse_options(argv, description=__doc__)
-        check_run(options)
-    except ValueError as error:
-        raise refusal(error) from None
-    return options
-
-
-if __name__ == "__main__":  # a wrong option is refused before the imports below, which take seconds
-    OPTIONS = parse_args()
-
 import contextlib
 import math
 import os
@@ -59,14 +32,35 @@ from hf_outheads.frequency_bands import FrequencyBands
 from . import data as data_lib
 from .checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from .evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
-from .launching import accelerator_settings, check_process_count, check_sharding
+from .launching import accelerator_settings, check_process_count, check_sharding, first_process
 from .loop import train_loop
 from .modeling import build_model, parameter_counts, position_limit, step_flops
+from .options import TrainOptions, parse_options
+from .preflight import check_run
 from .publish import finish_run
 from .safeguards import EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work, release_run_locks
 from .tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer,
                            whole_texts)
 from .tracking import MetricsLog, Progress, trackers
+
+
+def refusal(error) -> SystemExit:
+    """The exit of a run that cannot go on, which every process of a launch meets alike: one line on
+    stderr and a non-zero status from the launch's first process, so a launch of N processes says it
+    once. The others end silently with status 0: torchrun ends every worker at the first failure, and
+    a failing peer could end the first process before it has said why; the launch fails with it."""
+    return SystemExit(f"train.py: error: {error}" if first_process() else 0)
+
+
+def parse_args(argv=None):
+    """The options, checked before any work starts (`preflight.check_run`); a wrong option is
+    one message on stderr and a non-zero exit status, without a traceback."""
+    try:
+        options = parse_options(argv, description=__doc__)
+        check_run(options)
+    except ValueError as error:
+        raise refusal(error) from None
+    return options
 
 
 def get_tokenizer(accelerator, options, train_split, resuming: bool):
@@ -404,4 +398,4 @@ def main(argv=None, options: TrainOptions | None = None):
 
 
 if __name__ == "__main__":
-    main(options=OPTIONS)  # parsed above, before the imports
+    main()

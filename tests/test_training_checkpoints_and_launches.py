@@ -1,4 +1,4 @@
-"""Reliability of the training script (issue 10): atomic checkpoints, resuming without
+"""The training script's checkpoints and launches: atomic checkpoints, resuming without
 unpickling, foreign checkpoints, stop_after_steps, accumulation, option checks, processes.
 In process (tiny runs of about a second) except the launches that need several processes."""
 

@@ -14,7 +14,7 @@ trained model on the lines of `--text-file`. Prints what was written, as JSON.
 
 from __future__ import annotations
 
-if not __package__:  # run by path (`python training/export_plain.py`): its modules are the installed package's
+if not __package__:  # run by path (`python training/export.py`): its modules are the installed package's
     __package__ = "hf_outheads.training"
 
 import argparse

@@ -1,5 +1,6 @@
-"""Reliability of the model classes (issue 10): all-ignored batches, label checks, empty kept
-positions, word counts, loaded code tables, incomplete configs, generation length."""
+"""The model classes at the edges of their inputs: all-ignored batches, out-of-range labels and
+token ids, empty kept positions, word counts, loaded code tables, incomplete configs, generation
+length."""
 
 from __future__ import annotations
 
@@ -135,3 +136,20 @@ def test_default_length_generation_stops_where_the_backbone_positions_end():
     expected = original.generate(prompt, do_sample=False)
     assert expected.shape[1] == 64
     assert torch.equal(model.generate(prompt, do_sample=False), expected)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5"])
+def test_a_token_id_beyond_the_vocabulary_names_the_id_and_the_size(family):
+    from tiny import VOCAB, tiny_model
+
+    model = tiny_model(family, "tied").eval()
+    ids = torch.tensor([[3, 4, VOCAB + 7]])
+    message = f"token id {VOCAB + 7}, outside the model's vocabulary of {VOCAB} ids.*resize_token_embeddings"
+    extra = {"decoder_input_ids": torch.tensor([[0, 3]])} if family == "t5" else {}
+    with pytest.raises(ValueError, match=message):
+        model(input_ids=ids, **extra)
+    with pytest.raises(ValueError, match=message):
+        model.generate(ids, max_new_tokens=2)
+    with pytest.raises(ValueError, match="token id -1"):
+        model(input_ids=torch.tensor([[3, -1]]), **extra)
+    model(input_ids=torch.tensor([[3, VOCAB - 1]]), **extra)  # the last id is fine

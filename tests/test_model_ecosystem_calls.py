@@ -1,5 +1,7 @@
-"""Model-level defects a new user met (issue 26): wrong-class loading, transformers' deprecated
-`past_key_values` name, Trainer's label names, the heads' dropout under the ecosystem's switches."""
+"""The model as transformers' and TRL's conventions call it: the cache under its current and its
+deprecated name, the Auto class that fits a folder (a wrong one named), Trainer's label names,
+metrics and inferred task, the ecosystem's dropout switch reaching the head, a config without a
+backbone refused, a left-padded row generating as it does alone."""
 
 from __future__ import annotations
 
@@ -158,3 +160,15 @@ def test_lightrnn_left_padded_row_generates_as_alone(converted):
         for in_batch, single in zip(padded.scores, alone.scores):
             assert torch.equal(torch.isfinite(in_batch[0]), torch.isfinite(single[0]))
             torch.testing.assert_close(in_batch[0], single[0], atol=1e-5, rtol=0)
+
+
+def test_trainer_infers_the_task_of_both_model_classes(tmp_path):
+    from transformers import Trainer, TrainingArguments
+    from transformers.modelcard import TrainingSummary
+
+    from tiny import tiny_model
+
+    for family, task in (("gpt2", "text-generation"), ("t5", "text2text-generation")):
+        args = TrainingArguments(output_dir=str(tmp_path / family), report_to=[], use_cpu=True, save_strategy="no")
+        summary = TrainingSummary.from_trainer(Trainer(model=tiny_model(family, "tied"), args=args))
+        assert summary.tasks == task

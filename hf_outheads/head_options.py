@@ -2,14 +2,18 @@
 
 Every head's options are a dataclass of fields declared with `integer`, `number`, `probability`,
 `flag`, `choice` or `pairs`; the declaration carries the type and the allowed range or choices.
-`options.resolve(dims)` returns a complete, checked copy: each field is checked against its
-declaration (a ValueError names the head and the option; `checked()` alone, which needs no
-sizes, is what a training run checks when its options are parsed), then the head's `complete(dims)`
-fills in the values that depend on the backbone (`joint_dim`, lightrnn's table shape) and
-checks the options against each other and against the backbone. `resolve` is idempotent:
-a resolved object (or its `dataclasses.asdict`, the saved config) resolves to itself.
-`OutHeadsConfig.resolved_head_options` is where a model's options are resolved; the model
-and its head receive that object (a head refuses options not resolved for its sizes).
+An options object is checked when it is built: each field against its declaration (a ValueError
+names the head and the option), an optional field left unset (None) staying unset. That object,
+built once from what a run or a caller gave (`from_dict`), is what travels: a training run's
+`HeadSpec` carries it, and `OutHeadsConfig(head_options=...)` takes it as it takes a dict.
+`options.resolve(dims)` returns a complete copy: the fields left unset take the head's
+`scratch_defaults` (`for_conversion()` first gives a converted head its `conversion_defaults`),
+then the head's `complete(dims)` fills in the values that depend on the backbone (`joint_dim`,
+lightrnn's table shape) and checks the options against each other and against the backbone.
+`resolve` is idempotent: a resolved object (or its `dataclasses.asdict`, the saved config)
+resolves to itself. `OutHeadsConfig.resolved_head_options` is where a model's options are
+resolved; the model and its head receive that object (a head refuses options not resolved for
+its sizes).
 """
 
 from __future__ import annotations
@@ -202,17 +206,8 @@ class HeadOptions:
         return {name: value for name, value in options.items() if name not in cls.retired_options}
 
     @classmethod
-    def for_conversion(cls, options: dict[str, Any] | None) -> dict[str, Any]:
-        """`options` with `conversion_defaults` for the fields it leaves unset (missing or None)."""
-        options = dict(options or {})
-        for name, value in cls.conversion_defaults.items():
-            if options.get(name) is None:
-                options[name] = value
-        return options
-
-    @classmethod
     def from_dict(cls, options: dict[str, Any] | None) -> "HeadOptions":
-        """Options from a (config) dict; unknown keys are errors. Values are checked by `resolve`."""
+        """Options from a (config) dict; unknown keys are errors, values are checked (`__post_init__`)."""
         options = dict(options or {})
         valid = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(options) - set(valid))
@@ -223,21 +218,26 @@ class HeadOptions:
             )
         return cls(**options)
 
-    def checked(self) -> "HeadOptions":
-        """A checked copy, before the sizes are known: unset fields from `scratch_defaults`, every
-        field against its declaration (a ValueError names the head and the option)."""
-        values = {}
+    def __post_init__(self):
+        """Every field checked against its declaration (a ValueError names the head and the
+        option; a `pairs` field is stored as a list of lists); None stays only where optional."""
         for f in dataclasses.fields(self):
             spec = f.metadata.get("spec")
-            value = getattr(self, f.name)
-            if value is None:
-                value = self.scratch_defaults.get(f.name)
-            values[f.name] = spec.check(self.head_type, f.name, value) if spec is not None else value
-        return dataclasses.replace(self, **values)
+            if spec is not None:
+                setattr(self, f.name, spec.check(self.head_type, f.name, getattr(self, f.name)))
+
+    def with_defaults(self, defaults: dict[str, Any]) -> "HeadOptions":
+        """A copy whose fields left unset (None) take `defaults`' values."""
+        return dataclasses.replace(self, **{name: value for name, value in defaults.items() if getattr(self, name) is None})
+
+    def for_conversion(self) -> "HeadOptions":
+        """A copy with `conversion_defaults` for the fields left unset: a head started from a trained
+        LM head (`from_backbone`)."""
+        return self.with_defaults(self.conversion_defaults)
 
     def resolve(self, dims: HeadDims) -> "HeadOptions":
-        """A complete, checked copy: `checked()`, then `complete(dims)`."""
-        resolved = self.checked()
+        """A complete copy: `scratch_defaults` for the fields still unset, then `complete(dims)`."""
+        resolved = self.with_defaults(self.scratch_defaults)
         resolved.complete(dims)
         resolved.resolved_for = dims
         return resolved

@@ -1,0 +1,173 @@
+"""What the repository's documents state holds: their generated tables are current (a hand edit
+fails), the READMEs' commands and code run as written, their figures are in the files they link,
+and no tracked file holds a path of one machine."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# first folders of an absolute path that every machine has (or a path of the operating system's)
+SYSTEM_FOLDERS = {"usr", "etc", "proc", "dev", "tmp", "bin", "sbin", "lib", "lib64", "opt", "var", "sys", "run",
+                  "boot", "Library", "System", "Applications"}
+ABSOLUTE = re.compile(r"(?P<before>^|[\s`'\"(=:,\[])/(?P<first>[A-Za-z][\w.-]*)/[\w.-]", re.M)
+WINDOWS = re.compile(r"\b[A-Za-z]:\\(?:Users|home)\\", re.I)
+
+
+def tracked_files() -> list[Path]:
+    """The files git tracks (every file but .git's, the tests' caches and build outputs where git is missing)."""
+    done = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode == 0:
+        return [ROOT / name for name in done.stdout.split("\0") if name]
+    skip = {".git", "__pycache__", "outputs", ".venv-ci", ".venv-ci-lib", ".venv-ci-floor"}
+    return [p for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
+
+
+def machine_paths(text: str) -> list[str]:
+    """Absolute paths of `text` under a first folder no other machine need have (a home, a work folder):
+    a regular expression's path (a raw string, `r"/man/..."`) is no path."""
+    found = []
+    for match in ABSOLUTE.finditer(text):
+        start = match.start("before")
+        raw_string = match.group("before") in "'\"" and match.group("before") and text[start - 1:start] == "r"
+        if match.group("first") not in SYSTEM_FOLDERS and not raw_string:
+            found.append(text[match.start("first") - 1:].split()[0][:80])
+    return found + WINDOWS.findall(text)
+
+
+def test_no_tracked_file_holds_a_path_of_one_machine():
+    paths = {}
+    for path in tracked_files():
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):  # binary files (weights, plots)
+            continue
+        if found := machine_paths(text):
+            paths[str(path.relative_to(ROOT))] = found
+    assert paths == {}
+    # what it catches (written in pieces: this file is tracked too), and what it leaves alone
+    home, work = "/" + "home/someone/x.pdf", "/" + "work/shared/papers/"
+    assert machine_paths(f"from `{work}` and C:" + "\\Users\\me") == [work + "`", "C:" + "\\Users\\"]
+    assert machine_paths(f"see {home}") == [home]
+    assert machine_paths('r"/man/man(\\d)/x" and /tmp/x, /proc/self/status, https://host/a/b, studies/results/a') == []
+
+
+def snippets(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_the_training_readme_gives_the_quickstarts_own_command():
+    from training.quickstart import TASKS, by_hand_command, launch_command
+
+    training_readme = (ROOT / "training" / "README.md").read_text()
+    for task in TASKS:
+        output_dir = Path("outputs") / TASKS[task].stem
+        by_hand = by_hand_command(task, output_dir, [])
+        assert " ".join(by_hand) in training_readme
+        launched = launch_command(task, output_dir, [])
+        # the same arguments: only the interpreter's accelerate, --quiet, the script as a module (importable
+        # without the install) and absolute paths differ
+        script = by_hand.index("training/train.py")
+        assert [a for a in launched[4:] if a != "--quiet"] == [
+            str(ROOT / a) if a.startswith("training/") else a
+            for a in [*by_hand[2:script], "-m", "training.train", *by_hand[script + 1:]]]
+
+
+def unbound_names(code: str) -> set[str]:
+    tree = ast.parse(code)
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return used - bound - set(dir(builtins))
+
+
+def test_the_readme_python_quickstart_imports_every_name_it_uses():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quickstart in Python", 1)[1].split("\n## ", 1)[0]
+    blocks = snippets(section)
+    assert blocks and all(not unbound_names(block) for block in blocks), [unbound_names(b) for b in blocks]
+    assert "OutHeadsConfig" in "".join(blocks) and "LlamaConfig" in "".join(blocks)
+
+
+def test_the_readme_installs_each_extra_once():
+    readme = (ROOT / "README.md").read_text()
+    install = snippets(readme.split("## Install", 1)[1].split("\n## ", 1)[0].replace("```bash", "```python"))[0]
+    assert '".[dev]"' in install and '".[train]"' not in install  # [dev] contains [train]
+    extras = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any("train" in dep for dep in extras["dev"])
+
+
+def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
+    """README.md's head table, hf_outheads/README.md's serving table and regimes.md's table are what
+    `python -m studies.doc_tables` writes from the head classes and the results files; a figure or a
+    seed count edited by hand, in any of them, no longer matches."""
+    from studies.doc_tables import documents, held_and_current
+
+    tables = {}
+    for path in documents():
+        for name, held, now in held_and_current(path):
+            assert held == now, f"{path.relative_to(ROOT)}: table `{name}` is not current: run python -m studies.doc_tables"
+            tables[name] = (path, held)
+    assert set(tables) == {"heads", "serving", "regimes"}
+    edits = {"heads": ("-5.2% (3/3)", "-5.2% (1/3)"), "serving": ("not at all: a mixture", "exact: a mixture"),
+             "regimes": ("| +8.9% (0/3) |", "| +9.9% (0/3) |")}
+    for name, (before, after) in edits.items():
+        path, held = tables[name]
+        assert before in held, (name, before)
+        copy = tmp_path / f"{name}.md"
+        copy.write_text(path.read_text().replace(before, after, 1))
+        assert [name for name, held, now in held_and_current(copy) if held != now] == [name]
+
+
+def test_the_head_tables_seed_counts_come_from_each_seeds_results(tmp_path, monkeypatch):
+    """A verdict's seed count is counted from the per-seed results: one seed of `mos` made worse than
+    `linear`'s in regime_scratch's results.json turns its "(3/3)" into "(2/3)", and the README no
+    longer matches; `rewrite` puts the new table between the markers and leaves the rest."""
+    import json
+    import shutil
+
+    import studies.doc_tables as doc_tables
+    from studies.regimes import RESULTS
+
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.png"))
+    saved = json.loads((results / "regime_scratch" / "results.json").read_text())
+    rows = {row["name"]: row for row in saved["rows"]}
+    rows["mos"]["per_seed"]["eval_perplexity"]["1"] = rows["linear"]["per_seed"]["eval_perplexity"]["1"] + 1.0
+    (results / "regime_scratch" / "results.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(doc_tables, "RESULTS", results)
+    readme = tmp_path / "README.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    [(name, held, now)] = doc_tables.held_and_current(readme)
+    mos = lambda table: next(line for line in table.splitlines() if line.startswith("| `mos` |"))
+    assert name == "heads" and "| -2.2% (3/3) |" in mos(held) and "| -2.2% (2/3) |" in mos(now)
+    assert doc_tables.rewrite(readme) == ["heads"]
+    text = readme.read_text()
+    assert doc_tables.held_and_current(readme)[0][1] == now.strip() and "## Serving" in text and "# hf_outheads" in text
+    assert text.replace(mos(now), mos(held)) == (ROOT / "README.md").read_text()
+
+
+FIGURE = re.compile(r"[-+]?\d+(?:[.,]\d+)*(?:%|x)?")
+
+
+def figures_not_in_links(text: str, base) -> tuple[list[str], list[str]]:
+    """(the links of `text` to files, the figures of `text` that none of those files holds)."""
+    links = [link for link in re.findall(r"\]\(([^)#]+)", text) if not link.startswith("http")]
+    linked = "".join((base / link).read_text() for link in links)
+    return links, [figure for figure in FIGURE.findall(text) if figure not in linked]
+
+
+def test_every_figure_of_the_readmes_performance_summary_is_in_the_results_it_links():
+    """README.md's performance summary: no figure copied by hand without its source (the benchmark
+    results it links)."""
+    readme = (ROOT / "README.md").read_text()
+    performance = readme.split("\n## Performance", 1)[1].split("\n## ", 1)[0]
+    links, missing = figures_not_in_links(performance, ROOT)
+    assert links and missing == [] and len(FIGURE.findall(performance)) > 20, (links, missing)
+    assert figures_not_in_links(performance.replace("1.05x", "9.87x"), ROOT)[1] == ["9.87x"]  # it catches one
