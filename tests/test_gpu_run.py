@@ -52,7 +52,7 @@ def test_the_benchmark_measures_every_catalog_head_against_tied(out):
     assert set(rows) == {*HEAD_CLASSES, "backbone", "tied-own"}
     for head, cells in rows.items():
         assert float(cells[3]) > 0 and cells[4].endswith("x"), (head, cells)  # step time and its ratio to tied
-    assert rows["tied-own"][5] == "1.00x"  # the floor's base: the mixtures' own kernels
+    assert rows["tied-own"][5] in ("1.00x", "-")  # the floor's base (the mixtures' own kernels); "-": a noisy CPU
     assert set(table(out / "heads_gpt2small.md")) == {"tied", "backbone", "tied-own", "sigsoftmax", "mos", "doc"}
     assert "backbone gpt2-tiny" in (out / "heads_gpt2small.md").read_text()
 
