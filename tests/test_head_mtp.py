@@ -288,8 +288,7 @@ def test_window_step_averages_the_named_terms_over_the_window():
     next-token loss does."""
     from types import SimpleNamespace
 
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
+    from test_training_checkpoints_and_launches import frozen_window_parts
 
     from training.loop import NonFiniteWatch, window_step
 
@@ -301,12 +300,7 @@ def test_window_step_averages_the_named_terms_over_the_window():
     model(input_ids=ids, labels=ids).loss.backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    optimizer.zero_grad = lambda: None  # keep the window's gradients to compare
+    accelerator, optimizer, scheduler = frozen_window_parts(model)
     terms = {}
     window_step(accelerator, model, optimizer, scheduler, window, SimpleNamespace(task="causal_lm", max_grad_norm=None),
                 NonFiniteWatch(accelerator.device), terms)

@@ -102,6 +102,18 @@ def test_a_checkpoint_of_another_model_is_refused_naming_both_heads(tmp_path):
     assert "eval_perplexity" in run(out, head_type="mos", resume="never")
 
 
+def frozen_window_parts(model):
+    """A fresh CPU Accelerator accumulating 2 micro-batches, and an SGD step at learning rate 0 that
+    keeps the window's gradients (no zeroing), to compare them with one batch's."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    optimizer.zero_grad = lambda: None
+    return accelerator, optimizer, scheduler
+
+
 def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
     torch.manual_seed(0)
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), head_type="linear"))
@@ -111,13 +123,8 @@ def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
     model(input_ids=ids, labels=labels).loss.backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    accelerator, optimizer, scheduler = frozen_window_parts(model)
     options = SimpleNamespace(task="causal_lm", max_grad_norm=None)
-    optimizer.zero_grad = lambda: None  # keep the window's gradients to compare
     window = [{"input_ids": ids[:2], "labels": labels[:2]}, {"input_ids": ids[2:], "labels": labels[2:]}]
     loss, _ = window_step(accelerator, model, optimizer, scheduler, window, options, NonFiniteWatch(accelerator.device))
     assert float(loss) == pytest.approx(model(input_ids=ids, labels=labels).loss.item(), rel=1e-5)
