@@ -10,10 +10,12 @@ at the cost of a single softmax (one element-wise `log sigma` per score).
 
 `logits` are the scores `z + log sigma(z)` (fp32): `softmax(logits)` is sigsoftmax, so
 generate's sampling, beam search and the HF loss need nothing else. The training losses:
-"full" (the logits and cross-entropy) and "chunked" (the exact loss and its gradient in one
-pass over row chunks, on a GPU with the sigsoftmax epilogue inside the Triton kernels, `losses.mixture_nll_sum` with one sigsoftmax component: at most one
-chunk's `rows x |V|` scores exist at a time, the `log sigma` computed inside the chunk, nothing
-recomputed in backward); "sampled" is not offered (sampled softmax's correction assumes a softmax).
+"full" (the logits and cross-entropy), "chunked" (the exact loss and its gradient in one pass
+over row chunks, `losses.mixture_nll_sum` with one sigsoftmax component: at most one chunk's
+`rows x |V|` scores exist at a time, the `log sigma` computed inside the chunk (on a GPU inside
+the Triton kernels, `softmax_kernels`), nothing recomputed in backward) and "auto" (the default:
+"chunked" on a CUDA device, "full" elsewhere); "sampled" is not offered (sampled softmax's
+correction assumes a softmax).
 
 What it shares with `linear` (its own `W`, the bias `b`, their init and conversion) it composes
 from `OwnOutputMatrix` and `OutputBias`; it is not a `linear` head (no plain export, no other
