@@ -100,7 +100,7 @@ class OutputHead(nn.Module):
         head (GPT-2's), it reproduces the original's logits;
       - `single_softmax`: its next-token distribution is one softmax of scores of the final hidden
         state alone (no middle layers, no mixture), at one softmax's cost: a head that the `mtp`
-        head's future-token predictors can share;
+        head's future-token predictors can share; such a head implements `word_scorer`;
       - `training_losses()`: the training losses it offers (its options' `training_loss` choices;
         `("exact",)` for heads whose training loss is always the exact fused one);
       - `benchmark_options`: `{variant: options}` the benchmark runs it with ("" the plain one;
@@ -241,6 +241,14 @@ class OutputHead(nn.Module):
         reason = self.plain_export_limit or "its distribution is not one softmax of an affine map of `h`"
         raise ValueError(f"Head '{self.head_type}' has no plain equivalent: {reason}, so no stock transformers LM head "
                          "computes it. Serve the model with hf_outheads (or trust_remote_code=True).")
+
+    def word_scorer(self, embeddings: torch.Tensor, rows: torch.Tensor | None = None):
+        """A function of final hidden states giving the inference-time scores (`forward`'s logits)
+        of the words `rows` (ids; None: every word), its context-independent part (the rows of the
+        label matrix) computed once, here. `single_softmax` heads implement it; the `mtp` head drafts
+        with it (over its `draft_vocab_size` shortlist). Default: a ValueError naming the head."""
+        raise ValueError(f"Head '{self.head_type}' scores no words apart: its distribution is not one softmax "
+                         "of scores of the final hidden state (`single_softmax`).")
 
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Training-set frequency of every word (`|V|` counts). Training pipelines call it once

@@ -34,6 +34,12 @@ Options (defaults):
     `loss_weight` (0.3);
   - `num_attention_heads` (None: `d_h // 64`, at least 1), `intermediate_size` (None: `8 d_h / 3`
     rounded up to a multiple of 64) of each predictor's block (`future_blocks.FutureBlock`).
+  - `draft_vocab_size` (None: every word): drafts score only this many words, the training set's
+    most frequent (`set_word_counts`; kept in the `draft_tokens` buffer, saved with the model), so a
+    draft's head product costs that share of a full one: the frequency-ranked draft vocabulary of
+    FR-Spec (Zhao et al. 2025, arXiv 2502.14856) and EAGLE-3 (Li et al. 2025, arXiv 2503.01840).
+    The next-token head still verifies over every word: greedy output is unchanged, and sampling
+    still follows its distribution (a draft's probability is 0 outside the shortlist).
 Departures: the block is a Llama-layout block built from the head's sizes, not a layer of the
 backbone's own family (see `future_blocks`); the future predictors read the tokens ahead from the
 model's input ids (from the labels when the model got embeddings: positions whose token is an
@@ -101,6 +107,7 @@ class MTPOptions(HeadOptions):
     loss_weight: float = number(0.3, low=0.0)
     num_attention_heads: int | None = integer(None, minimum=1, optional=True)
     intermediate_size: int | None = integer(None, minimum=1, optional=True)
+    draft_vocab_size: int | None = integer(None, minimum=1, optional=True)
 
     @classmethod
     def _with_shared(cls, options, method: str) -> dict:
@@ -139,6 +146,9 @@ class MTPOptions(HeadOptions):
         if dims.hidden_dim % heads:
             self.fail(f"option 'num_attention_heads'={heads} does not divide the hidden width d_h={dims.hidden_dim}.")
         self.num_attention_heads = heads
+        if self.draft_vocab_size is not None and self.draft_vocab_size >= dims.vocab_size:
+            self.fail(f"option 'draft_vocab_size'={self.draft_vocab_size} is not below the vocabulary's size "
+                      f"{dims.vocab_size}: give fewer words, or None to draft over every word.")
         self.intermediate_size = self.intermediate_size or -(-8 * dims.hidden_dim // 3 // 64) * 64
 
 
@@ -151,7 +161,7 @@ class MTPHead(OutputHead):
     papers = (GLOECKLE_2024, DEEPSEEK_V3)
     exact_plain_export = exact_conversion = True  # with the default shared head, `tied`
     benchmark_options = {"": {"num_future": 2}}
-    contract_options = {"head": "tied", "num_future": 2, "num_attention_heads": 2}
+    contract_options = {"head": "tied", "num_future": 2, "num_attention_heads": 2, "draft_vocab_size": 50}
 
     def __init__(self, options: MTPOptions, dims: HeadDims):
         super().__init__(options, dims)
@@ -162,6 +172,10 @@ class MTPHead(OutputHead):
             FuturePredictor(dims.hidden_dim, dims.embed_dim, options.num_attention_heads, options.intermediate_size,
                             reads_tokens) for _ in range(options.num_future))
         self.draft_counts = None  # the last `generate(use_mtp=True)` call's `DraftCounts`
+        if options.draft_vocab_size is not None:  # the lowest ids until `set_word_counts` ranks the words
+            self.register_buffer("draft_tokens", torch.arange(options.draft_vocab_size))
+        else:
+            self.draft_tokens = None
 
     @property
     def weight(self) -> torch.Tensor:
@@ -193,6 +207,11 @@ class MTPHead(OutputHead):
 
     def check_state(self) -> None:
         self.shared.check_state()
+        tokens = self.draft_tokens
+        if tokens is not None and (tokens.min() < 0 or tokens.max() >= self.dims.vocab_size
+                                   or tokens.unique().numel() != tokens.numel()):
+            raise ValueError(f"Head 'mtp': the loaded 'draft_tokens' are not {tokens.numel()} distinct word ids below "
+                             f"{self.dims.vocab_size}: the checkpoint does not belong to this model's vocabulary.")
 
     def plain_lm_head(self, embeddings):
         return self.shared.plain_lm_head(embeddings)
@@ -202,9 +221,21 @@ class MTPHead(OutputHead):
         return self.shared.equivalent_lm_head(embeddings)
 
     def set_word_counts(self, counts) -> None:
+        """The shared head's counts; the draft vocabulary becomes the most frequent words (ties: lower id)."""
         self.shared.set_word_counts(counts)
+        if self.draft_tokens is not None:
+            ranked = torch.sort(torch.as_tensor(counts).reshape(-1), descending=True, stable=True).indices
+            self.draft_tokens.copy_(ranked[: self.draft_tokens.numel()].sort().values)
 
     def resize_vocab(self, new_size: int) -> None:
+        """The shared head resized; the draft vocabulary drops ids past a smaller vocabulary by returning to
+        the lowest ids (call `set_word_counts` again to rank the words)."""
+        if self.draft_tokens is not None:
+            if new_size <= self.draft_tokens.numel():
+                raise ValueError(f"Head 'mtp': a vocabulary of {new_size} words is not above option "
+                                 f"'draft_vocab_size'={self.draft_tokens.numel()}: lower it or draft over every word.")
+            if self.draft_tokens.max() >= new_size:
+                self.draft_tokens.copy_(torch.arange(self.draft_tokens.numel()))
         self.shared.resize_vocab(new_size)
         self.dims = dataclasses.replace(self.dims, vocab_size=new_size)
 

@@ -99,6 +99,13 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
         logits = sigsoftmax_scores(F.linear(inputs.hidden, self.weight, self.bias))
         return HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels) if labels is not None else None)
 
+    def word_scorer(self, embeddings: torch.Tensor, rows: torch.Tensor | None = None):
+        """`h -> z + log sigmoid(z)`, `z = W[rows] h + b[rows]`: `forward`'s logits at the columns `rows`."""
+        weight, bias = self.weight, self.bias
+        if rows is not None:
+            weight, bias = weight[rows], None if bias is None else bias[rows]
+        return lambda hidden: sigsoftmax_scores(F.linear(hidden, weight, bias))
+
     def loss_path(self, device: torch.device) -> str:
         mode = training_mode(self.options.training_loss, True, device)
         return super().loss_path(device) if mode == "chunked" else mode

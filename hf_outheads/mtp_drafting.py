@@ -7,6 +7,8 @@ head's own token, and crops the cache. Greedy decoding keeps a draft only where 
 next-token head's argmax, so its tokens are those of plain greedy decoding; sampling accepts a draft
 with probability min(1, p / q) (speculative sampling, Leviathan et al. 2023), so its tokens follow
 the next-token head's distribution. transformers runs assisted decoding for one sequence at a time.
+Drafts score the head's draft vocabulary (`draft_vocab_size`, else every word) through the shared
+head's `word_scorer`, whose label rows are taken once per `generate` call.
 
 Bookkeeping of the sequential form (DeepSeek-V3 Eq. 21-22): after a round the sequence holds
 tokens x_0..x_L, and the backbone's states h^0 are known up to position L - 1. Depth k at position t
@@ -26,7 +28,6 @@ import torch.nn.functional as F
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .future_blocks import BlockCache
-from .head_interface import HeadInputs
 
 
 @dataclass
@@ -78,6 +79,8 @@ class FutureDrafts(CandidateGenerator):
         self.unread = [None] * depth  # unread[k]: depth k's exact outputs that depth k + 1 has not read yet
         self.seen = 0  # positions whose backbone state the predictors have read
         self.embeddings = self.model.output_embedding_matrix().detach()
+        self.rows = self.head.draft_tokens  # the draft vocabulary (None: every word)
+        self.score = self.head.shared.word_scorer(self.embeddings, self.rows)  # its label rows taken once
         self.head.draft_counts = self.counts = DraftCounts.empty(depth)
         self.sequential = self.head.options.form == "sequential"
         self.drafted = 0
@@ -94,7 +97,8 @@ class FutureDrafts(CandidateGenerator):
         self.drafted = max(0, min(len(tokens), self.generation_config.max_length - input_ids.shape[1] - 1))
         if not self.drafted:
             return input_ids, None
-        return torch.cat([input_ids, *tokens[: self.drafted]], dim=1), torch.cat(scores[: self.drafted], dim=1)
+        scores = torch.cat(scores[: self.drafted], dim=1) if self.generation_config.do_sample else None
+        return torch.cat([input_ids, *tokens[: self.drafted]], dim=1), scores
 
     def draft(self, input_ids: torch.Tensor, states: torch.Tensor) -> tuple[list, list]:
         """One token per depth from position L - 1 (L = the last verified token's index), advancing
@@ -124,16 +128,24 @@ class FutureDrafts(CandidateGenerator):
         return tokens, scores
 
     def choose(self, ids: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The draft from one normalised state through the shared head: the processed scores (the
-        generation's logits processors, as the verification applies them) and their argmax or sample."""
-        logits = self.head.shared(HeadInputs(state, self.embeddings)).logits[:, -1].float()
+        """The draft from one normalised state through the shared head's scores of the draft vocabulary:
+        the processed scores (the generation's logits processors, as the verification applies them;
+        over every word, -inf outside the draft vocabulary, when sampling or processing) and their argmax
+        or sample."""
+        scores = self.score(state[:, -1]).float()
+        spread = self.rows is not None and (self.generation_config.do_sample or bool(self.logits_processor))
+        if spread:
+            scores = scores.new_full((scores.shape[0], self.head.dims.vocab_size), float("-inf")).index_copy_(
+                1, self.rows, scores)
         if self.logits_processor:
-            logits = self.logits_processor(ids, logits)
+            scores = self.logits_processor(ids, scores)
         if self.generation_config.do_sample:
-            token = torch.multinomial(logits.softmax(-1), num_samples=1)
+            token = torch.multinomial(scores.softmax(-1), num_samples=1)
         else:
-            token = logits.argmax(-1, keepdim=True)
-        return token, logits[:, None]
+            token = scores.argmax(-1, keepdim=True)
+        if self.rows is not None and not spread:
+            token = self.rows[token]
+        return token, scores[:, None]
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         counts = self.counts

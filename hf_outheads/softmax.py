@@ -195,8 +195,17 @@ class SoftmaxHead(OutputBias, OutputHead):
             self._generating, self._checked = outer
 
     def train(self, mode: bool = True):
-        self._label_cache = None  # training changes the weights: drop the kept matrix and copies
+        if mode != self.training:  # training changes the weights: drop the kept matrix and copies
+            self._label_cache = None
         return super().train(mode)
+
+    def word_scorer(self, embeddings: torch.Tensor, rows: torch.Tensor | None = None):
+        """`h -> L[rows] (A h + c) + b[rows]`: `forward`'s logits at the columns `rows` (None: all),
+        the label matrix taken once (`current_label_matrix`, kept within `generation_scope()`)."""
+        weight, bias = self.current_label_matrix(self.label_source(embeddings)), self.bias
+        if rows is not None:
+            weight, bias = weight[rows], None if bias is None else bias[rows]
+        return lambda hidden: F.linear(self.context(hidden), weight, bias)
 
     def loss_path(self, device: torch.device) -> str:
         """`training_loss` resolved for a training forward on `device`, and for the fused loss the

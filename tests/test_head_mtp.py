@@ -186,6 +186,112 @@ def test_sampling_with_drafts_is_seeded_and_speculative():
     assert sum(counts.proposed) > 0 and counts.tokens == 16
 
 
+def ranked_model(seed=1, size=40, **options):
+    """A drafting model whose draft vocabulary is ranked from counts that put every id in
+    [30, 30 + size) first: the shortlist is then exactly those ids."""
+    model = mtp_model(seed=seed, draft_vocab_size=size, **options)
+    counts = torch.zeros(VOCAB)
+    counts[30 : 30 + size] = torch.arange(size, 0, -1).float() + 5
+    model.head.set_word_counts(counts)
+    return model
+
+
+@pytest.mark.parametrize("head", ["tied", "linear", "bilinear", "joint", "drill", "sigsoftmax"])
+def test_a_shared_heads_word_scorer_is_its_logits_at_those_words(head):
+    """`word_scorer(E, rows)(h)` is `forward`'s logits at the columns `rows` (and at all of them
+    without rows), for every head the predictors can share."""
+    model = tiny_model("gpt2", "mtp", {"head": head, "num_attention_heads": 2})
+    shared, E = model.head.shared, model.output_embedding_matrix()
+    with torch.no_grad():
+        for parameter in shared.parameters():  # biases and encoders off their initial zeros and identities
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+        hidden = torch.randn(2, 5, E.shape[1])
+        logits = shared(HeadInputs(hidden, E)).logits.float()
+        rows = torch.tensor([3, 17, 42, 98])
+        torch.testing.assert_close(shared.word_scorer(E, rows)(hidden).float(), logits[..., rows], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(shared.word_scorer(E)(hidden).float(), logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="Head 'mos'"):
+        tiny_model("gpt2", "mos").head.word_scorer(E)
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_words_and_is_saved(tmp_path):
+    from hf_outheads import OutHeadsForCausalLM
+
+    model = ranked_model(size=4)
+    counts = torch.zeros(VOCAB)
+    counts[[50, 7, 81, 12, 64]] = torch.tensor([9.0, 9.0, 3.0, 8.0, 1.0])  # a tie at 9: both kept
+    model.head.set_word_counts(counts)
+    assert model.head.draft_tokens.tolist() == [7, 12, 50, 81]
+    model.save_pretrained(tmp_path)
+    loaded = OutHeadsForCausalLM.from_pretrained(tmp_path)
+    assert loaded.head.draft_tokens.tolist() == [7, 12, 50, 81]
+    model.head.draft_tokens[1] = 7  # a checkpoint whose draft vocabulary repeats a word
+    model.save_pretrained(tmp_path / "bad")
+    with pytest.raises(ValueError, match="Head 'mtp'.*'draft_tokens'"):
+        OutHeadsForCausalLM.from_pretrained(tmp_path / "bad")
+
+
+def test_resizing_keeps_the_draft_vocabulary_below_the_new_size():
+    model = ranked_model(size=40)  # ids 30..69
+    model.resize_token_embeddings(120)
+    assert model.head.draft_tokens.tolist() == list(range(30, 70))
+    model.resize_token_embeddings(60)
+    assert model.head.draft_tokens.tolist() == list(range(40))
+    with pytest.raises(ValueError, match="'draft_vocab_size'=40"):
+        model.resize_token_embeddings(40)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_drafts_from_the_draft_vocabulary_keep_greedy_output(form, monkeypatch):
+    """With a shortlist, every draft is the teacher-forced argmax over the shortlist's words only,
+    and greedy output (with and without a logits processor) is plain greedy's."""
+    model = ranked_model(form=form)
+    rows = model.head.draft_tokens
+    calls = recorded_drafts(monkeypatch)
+    for prompt in prompts(3):
+        for processors in ({}, {"repetition_penalty": 1.5, "min_new_tokens": 16}):  # none, then two
+            options = dict(max_new_tokens=16, do_sample=False, **processors)
+            assert torch.equal(model.generate(prompt, use_mtp=True, **options), model.generate(prompt, **options))
+    drafted = torch.cat([drafts for _, drafts in calls], dim=1)
+    assert torch.isin(drafted, rows).all()
+    E = model.output_embedding_matrix()
+    ids, drafts = calls[0]
+    L = ids.shape[1] - 1
+    hidden = model.backbone(input_ids=ids[:, :L]).last_hidden_state
+    state = next(model.head.future_states(hidden, E, ids[:, 1 : L + 1]))[1]
+    logits = model.head.shared(HeadInputs(model.head.predictors[0].norm(state[:, L - 1]), E)).logits
+    assert rows[logits[..., rows].argmax(-1)].item() == drafts[0, 0].item()
+
+
+def test_sampled_drafts_score_only_the_draft_vocabulary():
+    """Sampling hands the verification every word's draft scores: -inf outside the shortlist (a
+    draft's probability there is 0, which speculative sampling's acceptance and residual take as
+    such), the shared head's scores inside; every sampled draft is a shortlist word."""
+    from hf_outheads.mtp_drafting import FutureDrafts
+
+    model = ranked_model()
+    rows = model.head.draft_tokens
+    seen = []
+    original = FutureDrafts.get_candidates
+
+    def get_candidates(self, *args, **kwargs):
+        ids, scores = original(self, *args, **kwargs)
+        if scores is not None:
+            seen.append((ids[0, -scores.shape[1]:], scores))
+        return ids, scores
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FutureDrafts, "get_candidates", get_candidates)
+        torch.manual_seed(3)
+        out = model.generate(prompts(1)[0], max_new_tokens=16, min_new_tokens=16, do_sample=True, use_mtp=True)
+    assert out.shape[1] == prompts(1)[0].shape[1] + 16 and seen
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[rows] = False
+    for drafted, scores in seen:
+        assert torch.isin(drafted, rows).all()
+        assert torch.isneginf(scores[..., outside]).all() and torch.isfinite(scores[..., rows]).all()
+
+
 def test_draft_counts_and_a_head_without_predictors():
     model = tiny_model("llama", "tied")
     with pytest.raises(ValueError, match=r"Head 'tied'.*use_mtp=True needs .*head_type='mtp'"):
@@ -220,6 +326,8 @@ def test_export_plain_drops_the_predictors(tmp_path):
     ({"loss_weight": -1}, "'loss_weight'"),
     ({"num_attention_heads": 3}, "'num_attention_heads'"),
     ({"head_options": [1]}, "'head_options'"),
+    ({"draft_vocab_size": 0}, "'draft_vocab_size'"),
+    ({"draft_vocab_size": VOCAB}, "'draft_vocab_size'"),
 ])
 def test_bad_options_name_the_head_and_the_option(options, option):
     with pytest.raises(ValueError) as error:
