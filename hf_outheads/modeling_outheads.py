@@ -127,7 +127,10 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
     ):
         """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss, aux_terms),
         `loss` = `nll_loss` (the token-mean NLL) + the head's `extra_nll_sum` over the same count
-        (`mtp`'s future tokens) + `aux_loss` (a per-micro-batch training term); `aux_terms` names
+        (`mtp`'s future tokens) + `aux_loss` (a per-micro-batch training term, DOC's), weighted by
+        this batch's share of `num_items_in_batch` when that is given: summed over a window's
+        micro-batches and processes as Trainer and `training/train.py` sum the losses, it counts
+        once (a token-weighted mean), not once per micro-batch and process; `aux_terms` names
         the extra terms' parts, for logging. `return_logits` (forward argument): None lets the head decide
         (mixture heads return `logits=None` when training with labels), True always computes logits,
         False skips them when labels are given. `token_ids`: the (decoder) input ids, or None."""
@@ -148,8 +151,9 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             loss = nll = out.nll_sum / count
             if out.extra_nll_sum is not None:
                 loss = loss + out.extra_nll_sum / count
-            if out.aux_loss is not None:
-                loss = loss + out.aux_loss
+            if out.aux_loss is not None:  # a per-micro-batch term: given a window's count, this batch's share of it
+                share = 1.0 if num_items_in_batch is None else (labels != IGNORE_INDEX).sum() / count
+                loss = loss + out.aux_loss * share
         return loss, nll, out.logits, out.aux_loss, out.aux_terms
 
     def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch, token_ids=None):

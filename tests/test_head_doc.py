@@ -115,6 +115,27 @@ def test_model_loss_adds_the_regulariser():
     assert model.eval()(**data).nll_loss == model(**data).loss  # no training term: loss is the NLL
 
 
+def test_a_window_of_copies_trains_as_one_batch_with_the_regulariser_once():
+    """Given a window's label count (`num_items_in_batch`, as Trainer and `training/train.py` pass it,
+    summed over micro-batches and processes), each micro-batch's loss carries its share of the
+    regulariser: a window of two copies of a batch sums to that batch's own loss, the regulariser
+    counted once (not once per micro-batch, nor per process under Trainer, which multiplies each
+    process's loss by their number before the gradients are averaged)."""
+    model = tiny_model("gpt2", "doc", {"components": COMPONENTS, "regularizer_weight": 0.5}).train()
+    with torch.no_grad():  # priors off their uniform start, so that the regulariser is not 0
+        for parameter in model.head.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    data = batch("gpt2")
+    count = int((data["labels"][:, 1:] != -100).sum())
+    torch.manual_seed(0)
+    alone = model(**data)
+    torch.manual_seed(0)
+    half = model(**data, num_items_in_batch=torch.tensor(2 * count))
+    assert alone.aux_loss > 0.01
+    torch.testing.assert_close(2 * half.loss, alone.loss)
+    torch.testing.assert_close(half.aux_loss, alone.aux_loss)  # logged as the batch's own
+
+
 def test_next_token_labels_is_the_causal_shift():
     labels = torch.tensor([[5, 6, 7], [8, -100, 9]])
     assert next_token_labels(labels).tolist() == [[6, 7, -100], [-100, 9, -100]]

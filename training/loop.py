@@ -3,9 +3,10 @@
 Each window's loss is the token mean over the whole window (and over every process), as
 transformers' Trainer computes it: the model gets `num_items_in_batch`, the window's label
 tokens summed over processes, and returns `sum of NLL / num_items_in_batch` per micro-batch.
-A head's auxiliary loss (DOC) is averaged over the window's micro-batches; a head's further token
-sums in `loss` (`mtp`'s future tokens) count as the NLL does; their named parts (`aux_terms`) are
-averaged over the window and logged apart.
+A head's auxiliary loss (DOC) enters `loss` weighted by the micro-batch's share of the window's
+tokens (the model does this given `num_items_in_batch`), so the window trains on its token-weighted
+mean, as under Trainer; a head's further token sums in `loss` (`mtp`'s future tokens) count as the
+NLL does. The auxiliary loss and the named parts (`aux_terms`) are logged as window means.
 The micro-batches accumulate through `accelerator.accumulate` (gradient synchronisation on the
 window's last micro-batch; under DeepSpeed, its engine's own accumulation and step). accelerate
 and DeepSpeed divide each micro-batch's loss by `gradient_accumulation_steps` (a mean of
@@ -53,9 +54,8 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options,
         with accelerator.accumulate(model):
             outputs = model(**batch, num_items_in_batch=count)
             nll, aux = outputs.nll_loss, outputs.aux_loss  # nll: this process's share of the window's token mean
-            share = outputs.loss if aux is None else outputs.loss - aux  # nll and a head's token sums (mtp's)
-            # processes' gradients are averaged; the auxiliary term is a per-micro-batch mean
-            accelerator.backward((share * processes + (0.0 if aux is None else aux / len(window))) * undo_division)
+            # every term of `loss` is this process's share of the window's value; processes' gradients are averaged
+            accelerator.backward(outputs.loss * processes * undo_division)
             if accelerator.sync_gradients and options.max_grad_norm:
                 watch.add("gradient norm", accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm))
             optimizer.step()  # accelerate's wrappers step (and zero) on the synchronising micro-batch only
