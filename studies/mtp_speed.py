@@ -117,8 +117,9 @@ def text_agreement(model, texts: list[torch.Tensor]) -> list[float]:
     return [a / t if t else None for a, t in zip(agree, total)]
 
 
-def measure(run: Path, args) -> dict:
-    """One model: per-method tokens/s (paired, alternating), the ratio, and the drafts' acceptance."""
+def measure(run: Path, args) -> list[dict]:
+    """One model: per-method tokens/s (paired, alternating), the ratio, and the drafts' acceptance; one
+    result per draft vocabulary: the model's own (`draft_vocab_size`), and every word."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_outheads.mtp_drafting import DraftCounts
@@ -126,37 +127,60 @@ def measure(run: Path, args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(run)
     model = AutoModelForCausalLM.from_pretrained(run).to(args.device).eval()
     options = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    counts = DraftCounts.empty(len(model.head.predictors))
-    times = {"plain": [], "mtp": []}
+    head = model.head
+    shortlist = head.draft_tokens
+    variants = {"every word": None}  # draft vocabulary -> the `draft_tokens` drafting uses
+    if shortlist is not None:
+        variants = {f"{shortlist.numel():,} most frequent": shortlist, **variants}
+
+    def drafting(rows, prompt):
+        head.draft_tokens = rows  # the draft vocabulary only changes drafting (not training, not the output)
+        return timed(model, prompt, use_mtp=True, **options)
+
+    counts = {name: DraftCounts.empty(len(head.predictors)) for name in variants}
+    times = {name: [] for name in ("plain", *variants)}
     tokens = 0
     chosen = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens)]
     texts = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens + args.new_tokens)]
     for prompt in chosen[:2]:  # warm-up, not timed
-        model.generate(prompt, **options), model.generate(prompt, use_mtp=True, **options)
+        model.generate(prompt, **options)
+        for rows in variants.values():
+            drafting(rows, prompt)
     for prompt in chosen:
-        per = {"plain": [], "mtp": []}
+        per = {name: [] for name in times}
         for repeat in range(args.repeats):
             seconds, plain = timed(model, prompt, **options)
             per["plain"].append(seconds)
-            seconds, drafted = timed(model, prompt, use_mtp=True, **options)
-            per["mtp"].append(seconds)
-            if not torch.equal(plain, drafted):
-                raise SystemExit(f"{run}: drafted greedy differs from plain greedy on a prompt: not {DRAFT_CHECK}.")
-            if repeat == 0:
-                counts.add(model.head.draft_counts)
+            for name, rows in variants.items():
+                seconds, drafted = drafting(rows, prompt)
+                per[name].append(seconds)
+                if not torch.equal(plain, drafted):
+                    raise SystemExit(f"{run}: drafted greedy ({name}) differs from plain greedy on a prompt: "
+                                     f"not {DRAFT_CHECK}.")
+                if repeat == 0:
+                    counts[name].add(head.draft_counts)
         tokens += plain.shape[1] - prompt.shape[1]
-        for method in per:
-            times[method].append(statistics.median(per[method]))
-    speed = {method: tokens / sum(seconds) for method, seconds in times.items()}
-    depth = len(model.head.predictors)
+        for name in per:
+            times[name].append(statistics.median(per[name]))
+    head.draft_tokens = shortlist
+    speed = {name: tokens / sum(seconds) for name, seconds in times.items()}
+    depth = len(head.predictors)
     costs = forward_costs(model, chosen[0], (1, depth + 1), args.repeats)
-    return {"run": str(run), "head_options": model.config.head_options, "prompts": len(chosen), "tokens": tokens,
-            "tokens_per_s": speed, "speed_up": speed["mtp"] / speed["plain"],
-            "acceptance": counts.acceptance(), "tokens_per_round": counts.tokens / max(counts.rounds, 1),
-            "draft_counts": vars(counts), "text_agreement": text_agreement(model, texts),
+    agreement = text_agreement(model, texts)
+    results = []
+    for name in variants:
+        count = counts[name]
+        per_round = count.tokens / max(count.rounds, 1)
+        results.append({
+            "run": str(run), "head_options": model.config.head_options, "draft_vocabulary": name,
+            "prompts": len(chosen), "tokens": tokens,
+            "tokens_per_s": {"plain": speed["plain"], "mtp": speed[name]}, "speed_up": speed[name] / speed["plain"],
+            "acceptance": count.acceptance(), "tokens_per_round": per_round, "draft_counts": vars(count),
+            "text_agreement": agreement,
             # a round's cost in plain greedy steps: what the drafts must pay for
-            "round_in_steps": speed["plain"] * counts.tokens / max(counts.rounds, 1) / speed["mtp"],
-            "verify_forward_in_steps": costs[depth + 1] / costs[1]}
+            "round_in_steps": speed["plain"] * per_round / speed[name],
+            "verify_forward_in_steps": costs[depth + 1] / costs[1]})
+    return results
 
 
 def write(results: list[dict], args, command: str) -> None:
@@ -170,7 +194,7 @@ def write(results: list[dict], args, command: str) -> None:
     (out / "speed.json").write_text(json.dumps({"command": command, "machine": machine, "settings": settings,
                                                 "runs": results}, indent=1) + "\n")
     depth = max(len(r["acceptance"]) for r in results)
-    header = ["run", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification",
+    header = ["run", "draft vocabulary", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification",
               "round / plain step", "verification forward / one-token forward"] + [
         f"acceptance t+{j + 2}" for j in range(depth)] + [f"agreement on the text, t+{j + 2}" for j in range(depth)]
     lines = [f"Command: `{command}`", "",
@@ -184,7 +208,7 @@ def write(results: list[dict], args, command: str) -> None:
         pad = [""] * (depth - len(r["acceptance"]))
         rates = [f"{a:.1%}" if a is not None else "" for a in r["acceptance"]] + pad
         rates += [f"{a:.1%}" if a is not None else "" for a in r["text_agreement"]] + pad
-        lines.append(f"| {name} | {r['tokens_per_s']['plain']:.1f} | {r['tokens_per_s']['mtp']:.1f} | "
+        lines.append(f"| {name} | {r['draft_vocabulary']} | {r['tokens_per_s']['plain']:.1f} | {r['tokens_per_s']['mtp']:.1f} | "
                      f"{r['speed_up']:.2f}x | {r['tokens_per_round']:.2f} | {r['round_in_steps']:.2f} | "
                      f"{r['verify_forward_in_steps']:.2f} | " + " | ".join(rates) + " |")
     lines += ["", "Acceptance at t+j: the share of rounds that proposed a draft for token t+j in which it was kept "
@@ -195,7 +219,9 @@ def write(results: list[dict], args, command: str) -> None:
               "(medians of alternating calls on the first prompt). Agreement on the text: over the same prompts' "
               "texts (prompt and new-token lengths), the share of positions where the predictor's argmax for token "
               "t+j, every token ahead the text's own (teacher-forced), is the next-token head's argmax for that "
-              "token: the acceptance drafting would see on the corpus's own text rather than on greedy output."]
+              "token: the acceptance drafting would see on the corpus's own text rather than on greedy output. "
+              "Draft vocabulary: the words a draft is chosen from (the model's `draft_vocab_size` most frequent "
+              "training words, or every word; the same model, verified over every word either way)."]
     (out / "speed.md").write_text("\n".join(lines) + "\n")
 
 
@@ -210,8 +236,10 @@ def main(argv=None):
     command = args.command or "python -m studies.mtp_speed " + " ".join(sys.argv[1:] if argv is None else argv)
     results = []
     for run in runs:
-        results.append(measure(run, args))
-        print(json.dumps({k: results[-1][k] for k in ("run", "tokens_per_s", "speed_up", "acceptance")}), flush=True)
+        for result in measure(run, args):
+            results.append(result)
+            print(json.dumps({k: result[k] for k in ("run", "draft_vocabulary", "tokens_per_s", "speed_up",
+                                                     "acceptance")}), flush=True)
     write(results, args, command)
 
 
