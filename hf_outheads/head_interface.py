@@ -106,7 +106,8 @@ class OutputHead(nn.Module):
       - `benchmark_options`: `{variant: options}` the benchmark runs it with ("" the plain one;
         a variant is named `head_type-variant`);
       - `contract_options`: the options the shared contract tests build it with, on the tests'
-        tiny backbones (hidden 32, 2 layers, vocabulary 99).
+        tiny backbones (hidden 32, 2 layers, vocabulary 99); `contract_variants`: further forms
+        (`{suffix: options over contract_options}`) that the sharded-training tests train too.
 
     Capabilities the model reads:
       - `layer_indices`: indices into the backbone's `hidden_states` the head needs besides
@@ -139,6 +140,7 @@ class OutputHead(nn.Module):
     single_softmax: ClassVar[bool] = False
     benchmark_options: ClassVar[dict[str, dict]] = {"": {}}
     contract_options: ClassVar[dict] = {}
+    contract_variants: ClassVar[dict[str, dict]] = {}
 
     def __init_subclass__(cls, **kwargs):
         """A class naming its `head_type` hands it to its `Options` (which no other head may use)."""

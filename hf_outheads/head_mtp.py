@@ -162,6 +162,7 @@ class MTPHead(OutputHead):
     exact_plain_export = exact_conversion = True  # with the default shared head, `tied`
     benchmark_options = {"": {"num_future": 2}}
     contract_options = {"head": "tied", "num_future": 2, "num_attention_heads": 2, "draft_vocab_size": 50}
+    contract_variants = {"independent": {"form": "independent"}}
 
     def __init__(self, options: MTPOptions, dims: HeadDims):
         super().__init__(options, dims)

@@ -16,13 +16,16 @@ from training.options import head_spec
 
 
 def variants() -> dict[str, dict]:
-    """Every registered head with its contract options (`contract_options`), and the form that reads
-    `E` of each head whose option `tied` makes it do so (`<head>-tied`), as a config's
+    """Every registered head with its contract options (`contract_options`), its further forms
+    (`contract_variants`: `<head>-<suffix>`), and the form that reads `E` of each head whose option
+    `tied` makes it do so (`<head>-tied`), as a config's
     `head_options_by_head` writes them: the workers name a case's head by `training.options.head_spec`,
     the one rule from a run name to its head."""
     cases = {}
     for head_type, cls in HEAD_CLASSES.items():
         cases[head_type] = dict(cls.contract_options)
+        for suffix, options in cls.contract_variants.items():
+            cases[f"{head_type}-{suffix}"] = {"head_type": head_type, **cls.contract_options, **options}
         if "tied" in {f.name for f in dataclasses.fields(cls.Options)}:
             cases[f"{head_type}-tied"] = {"head_type": head_type, **cls.contract_options, "tied": True}
     return cases
