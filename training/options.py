@@ -91,8 +91,8 @@ class TrainOptions:
     mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
     torch_compile: bool = opt(False, "Compile the model with torch.compile (inductor; on a CPU it needs a C++ compiler): "
-                              "the backbone's and the head's layers fused, the head's fused losses eager. Not with FSDP or "
-                              "DeepSpeed.")
+                              "the backbone's and the head's layers fused, the head's fused losses eager; each epoch's last, "
+                              "shorter training batch is dropped, so that the step compiles once. Not with FSDP or DeepSpeed.")
     code_reassign_steps: int | None = opt(None, "Heads that update themselves periodically (updates_periodically: lightrnn "
                                           "re-assigns its word-code table): every this many optimizer steps (default: eval_steps; 0: never, a fixed table).")
     # evaluation
