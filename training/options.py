@@ -64,7 +64,8 @@ class TrainOptions:
     max_eval_samples: int | None = opt(None, "Keep only this many evaluation examples.")
     preprocessing_num_workers: int | None = opt(None, "Processes for dataset.map (not used when streaming).")
     dataloader_num_workers: int = opt(0, "Worker processes that collate the training and evaluation batches while the "
-                                      "model computes (0: the main process); batches are pinned on a GPU.")
+                                      "model computes (0: the main process), kept across epochs; batches are pinned on a GPU and "
+                                      "copied to it without waiting.")
     # tokenizer
     tokenizer: str = opt("auto", "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path.")
     tokenizer_vocab_size: int = opt(8000, "Vocabulary (BPE code-dictionary) size of a trained tokenizer, special tokens included.")
