@@ -64,13 +64,14 @@ def test_a_compiled_training_run_compiles_its_step_once(tmp_path, monkeypatch):
     """`training.train --torch_compile`: one graph for the whole run, compiled at the first step, with
     no graph break (no host sync inside the step) and no recompilation: not after a logging step, an
     evaluation or a checkpoint (evaluation and generation run eagerly), nor at an epoch's end, whose
-    last, shorter batch a compiled run drops (here 33 blocks of 32 tokens in batches of 5: 6 steps an epoch)."""
+    last, shorter batch a compiled run drops (here 33 blocks of 32 tokens in batches of 5: 6 steps an epoch,
+    collated by a worker process that the second epoch keeps)."""
     options = TrainOptions(
         task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
         dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=6, max_eval_samples=4,
         tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=5,
         per_device_eval_batch_size=8, dropout=0.0, max_steps=8, logging_steps=2, eval_steps=3, save_steps=5,
-        sample_max_new_tokens=2, torch_compile=True, output_dir=str(tmp_path / "out"))
+        sample_max_new_tokens=2, dataloader_num_workers=1, torch_compile=True, output_dir=str(tmp_path / "out"))
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     torch._dynamo.reset()
