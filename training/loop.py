@@ -157,7 +157,9 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
     watch = NonFiniteWatch(accelerator.device)
     stop_at = options.stop_after_steps if (options.stop_after_steps or 0) > progress.step else None
     while progress.step < max_steps:
+        whole_epoch, trained = progress.batches_in_epoch == 0, False
         for window in epoch_windows(accelerator, train_dl, progress, options.gradient_accumulation_steps):
+            trained = True
             watch.step = progress.step + 1
             terms = {}
             running.add(*window_step(accelerator, model, optimizer, scheduler, window, options, watch, terms), terms)
@@ -184,6 +186,8 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
                 bar.close()
                 return stop, step_times
             started = time.perf_counter()
+        if whole_epoch and not trained:  # a streamed training set shorter than a full batch (torch_compile)
+            raise ValueError("An epoch of the training data gave no batch: it has fewer examples than one batch.")
         progress.epoch, progress.batches_in_epoch = progress.epoch + 1, 0
     bar.close()
     return False, step_times

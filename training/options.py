@@ -64,7 +64,8 @@ class TrainOptions:
     max_eval_samples: int | None = opt(None, "Keep only this many evaluation examples.")
     preprocessing_num_workers: int | None = opt(None, "Processes for dataset.map (not used when streaming).")
     dataloader_num_workers: int = opt(0, "Worker processes that collate the training and evaluation batches while the "
-                                      "model computes (0: the main process); batches are pinned on a GPU.")
+                                      "model computes (0: the main process), kept across epochs; batches are pinned on a GPU and "
+                                      "copied to it without waiting.")
     # tokenizer
     tokenizer: str = opt("auto", "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path.")
     tokenizer_vocab_size: int = opt(8000, "Vocabulary (BPE code-dictionary) size of a trained tokenizer, special tokens included.")
@@ -91,8 +92,8 @@ class TrainOptions:
     mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
     torch_compile: bool = opt(False, "Compile the model with torch.compile (inductor; on a CPU it needs a C++ compiler): "
-                              "the backbone's and the head's layers fused, the head's fused losses eager. Not with FSDP or "
-                              "DeepSpeed.")
+                              "the backbone's and the head's layers fused, the head's fused losses eager; each epoch's last, "
+                              "shorter training batch is dropped, so that the step compiles once. Not with FSDP or DeepSpeed.")
     code_reassign_steps: int | None = opt(None, "Heads that update themselves periodically (updates_periodically: lightrnn "
                                           "re-assigns its word-code table): every this many optimizer steps (default: eval_steps; 0: never, a fixed table).")
     # evaluation

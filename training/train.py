@@ -79,13 +79,19 @@ def get_tokenizer(accelerator, options, train_split, resuming: bool):
 
 
 def get_dataloaders(accelerator, options, tokenizer, train_split, validation_split):
-    """(train, evaluation, generation-or-None) dataloaders, not yet prepared."""
+    """(train, evaluation, generation-or-None) dataloaders, not yet prepared. A compiled run
+    (`torch_compile`) drops each epoch's last, shorter training batch: a batch of another size
+    would compile the model again (with dynamic shapes) in the middle of training. Worker
+    processes (`dataloader_num_workers`) of a training set with a length stay up across epochs,
+    so that no epoch starts by waiting for new ones."""
     with accelerator.main_process_first():
         train, validation = data_lib.tokenised_splits(train_split, validation_split, tokenizer, options)
     collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=None)
     streaming = not hasattr(train, "__len__")
     loading = dict(collate_fn=collator, num_workers=options.dataloader_num_workers, pin_memory=torch.cuda.is_available())
-    train_dl = DataLoader(train, shuffle=not streaming, batch_size=options.per_device_train_batch_size, **loading)
+    train_dl = DataLoader(train, shuffle=not streaming, batch_size=options.per_device_train_batch_size,
+                          drop_last=bool(options.torch_compile),
+                          persistent_workers=options.dataloader_num_workers > 0 and not streaming, **loading)
     eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, **loading)
     gen_dl = None
     if options.generation_metrics:
@@ -148,7 +154,9 @@ def accelerator_for(options) -> Accelerator:
         mixed_precision=options.mixed_precision, log_with=log_with or None,
         gradient_accumulation_steps=options.gradient_accumulation_steps,
         project_config=ProjectConfiguration(project_dir=options.output_dir),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True), **accelerator_settings(),
+        # batches pinned on a GPU (`get_dataloaders`) are copied to it without the host waiting for the device
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=torch.cuda.is_available()),
+        **accelerator_settings(),
     )
     try:
         check_sharding(accelerator)
@@ -267,6 +275,11 @@ def prepare_run(options) -> PreparedRun:
     counts, optimizer = parameter_counts(model), make_optimizer(model, options, fused)
     counts["train_flops_per_step"] = step_flops(model, options, accelerator.num_processes)
     model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
+    if hasattr(train_dl, "__len__") and len(train_dl) == 0:  # a compiled run drops a short last batch
+        raise refusal(ValueError(f"The training set has fewer examples than one batch of every process "
+                                 f"({options.per_device_train_batch_size} x {accelerator.num_processes}), and a "
+                                 "compiled run (torch_compile) trains on full batches only: lower "
+                                 "per_device_train_batch_size or add training data."))
     max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
     scheduler = accelerator.prepare(get_scheduler(  # accelerate steps it once per process
         options.lr_scheduler_type, optimizer, num_warmup_steps=options.warmup_steps * accelerator.num_processes,
