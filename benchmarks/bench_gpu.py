@@ -77,9 +77,24 @@ def peak_mb(call) -> tuple[float, float]:
     return (peak - before) / 2**20, peak / 2**20
 
 
-def loss_peers(vocab: int, device: str) -> dict:
+def own_with_chunk(elements: int):
+    """The own kernels' loss with `losses.FUSED_CHUNK_ELEMENTS_CUDA = elements` for the call (their
+    gradients are computed in the forward, so the call covers the whole chunk loop)."""
+    from hf_outheads import losses
+
+    def loss(x, w, y):
+        saved, losses.FUSED_CHUNK_ELEMENTS_CUDA = losses.FUSED_CHUNK_ELEMENTS_CUDA, elements
+        try:
+            return losses.linear_cross_entropy(x, w, y, impl="own", reduction="sum")
+        finally:
+            losses.FUSED_CHUNK_ELEMENTS_CUDA = saved
+    return loss
+
+
+def loss_peers(vocab: int, device: str, own_chunks: tuple[int, ...] = ()) -> dict:
     """name -> `loss(x, W, y)` (summed NLL, fp32 or bf16 scalar), or a string saying why not; the
-    package's rows first (`hf_outheads (auto: <kernel>)`, `hf_outheads own`)."""
+    package's rows first (`hf_outheads (auto: <kernel>)`, `hf_outheads own`, and the own kernels at
+    each scores-per-chunk exponent of `own_chunks`: `hf_outheads own, chunk 2^e`)."""
     import torch
     import torch.nn.functional as F
 
@@ -89,6 +104,7 @@ def loss_peers(vocab: int, device: str) -> dict:
     peers = {
         f"hf_outheads (auto: {auto})": lambda x, w, y: losses.linear_cross_entropy(x, w, y, impl="auto", reduction="sum"),
         "hf_outheads own": lambda x, w, y: losses.linear_cross_entropy(x, w, y, impl="own", reduction="sum"),
+        **{f"hf_outheads own, chunk 2^{e}": own_with_chunk(2**e) for e in own_chunks},
         "naive": lambda x, w, y: F.cross_entropy(F.linear(x, w).float(), y, reduction="sum"),
     }
     if losses.has_torch_linear_cross_entropy():
@@ -138,12 +154,12 @@ def measure_loss(loss, vocab: int, positions: int, dim: int, reps: int, device: 
     return {"time_s": statistics.median(times), "mem_mb": step_mb, "loss": float(value.detach())}
 
 
-def loss_rows(vocab: int, positions: int, dim: int, reps: int, device: str = "cuda") -> list[str]:
+def loss_rows(vocab: int, positions: int, dim: int, reps: int, device: str = "cuda", own_chunks=()) -> list[str]:
     """Markdown rows: each peer's time and memory, as ratios to the fastest and the leanest."""
     import torch
 
     results = {}
-    for name, loss in loss_peers(vocab, device).items():
+    for name, loss in loss_peers(vocab, device, own_chunks).items():
         if isinstance(loss, str):
             results[name] = {"note": loss}
             continue
@@ -174,13 +190,13 @@ def loss_rows(vocab: int, positions: int, dim: int, reps: int, device: str = "cu
     return rows
 
 
-def loss_table(vocabs: str, positions: str, dim: int, reps: int, device: str = "cuda") -> list[str]:
+def loss_table(vocabs: str, positions: str, dim: int, reps: int, device: str = "cuda", own_chunks=()) -> list[str]:
     """The comparison's markdown table over the comma-separated sizes, printed as it grows."""
     lines = LOSS_HEADER[:]
     print("\n" + "\n".join(lines), flush=True)
     for vocab in map(int, vocabs.split(",")):
         for count in map(int, positions.split(",")):
-            rows = loss_rows(vocab, count, dim, reps, device)
+            rows = loss_rows(vocab, count, dim, reps, device, own_chunks)
             print("\n".join(rows), flush=True)
             lines += rows
     return lines
@@ -201,14 +217,18 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (median reported)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: fp32, no memory figures (checks the wiring, e.g. `gpu_run.sh --tiny`)")
+    parser.add_argument("--own_chunk_exponents", default="",
+                        help="comma-separated e: also the own kernels at 2^e scores per chunk (the CUDA default: "
+                             "losses.FUSED_CHUNK_ELEMENTS_CUDA), to choose that size by time and memory")
     parser.add_argument("--out", help="also write the markdown table to this file")
     args = parser.parse_args(argv)
+    own_chunks = tuple(int(e) for e in args.own_chunk_exponents.split(",") if e)
     import torch
 
     where = cuda_device_name() if args.device == "cuda" else "cpu, fp32"
     lines = [f"<!-- python -m benchmarks.bench_gpu {' '.join(sys.argv[1:] if argv is None else argv)}; {where}; "
              f"torch {torch.__version__} -->",
-             *loss_table(args.vocab, args.positions, args.dim, args.reps, args.device)]
+             *loss_table(args.vocab, args.positions, args.dim, args.reps, args.device, own_chunks)]
     if args.out:
         with open(args.out, "w") as out:
             out.write("\n".join(lines) + "\n")
