@@ -107,6 +107,9 @@ def parse_args(argv=None):
                         help="fp32, or bf16 autocast (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--loss-dim", type=int, default=2048, help="d of the loss comparison (cuda only)")
     parser.add_argument("--no-loss-peers", action="store_true", help="skip the loss comparison (cuda only)")
+    parser.add_argument("--profile", default="",
+                        help="comma-separated heads: after timing, one more training step of each under torch.profiler; "
+                             "the table then lists its operations with the most device (CUDA) or CPU self time")
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # JSON case, internal
     return parser.parse_args(argv)
@@ -186,10 +189,42 @@ def run_case(case: dict) -> dict:
         result = {"step_mb": rss_mb("VmHWM") - before, "peak_mb": rss_mb("VmHWM")}
     tied = build_model("tied", case["vocab"], backbone).to(device)
     result.update(paired_times({"model": step, "tied": training_step(tied, ids, bf16=bf16)}, case["reps"], clock))
+    if case.get("profile"):
+        result["profile"] = profile_step(step, device)
     if case["gen_tokens"]:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             result.update(generation_rates(model, tied, ids[:1, :16], case, clock))
     return result
+
+
+PROFILE_ROWS = 12
+
+
+def profile_step(step, device) -> list[tuple[str, float, int]]:
+    """`(operation, self milliseconds, calls)` of one `step()` under torch.profiler, the `PROFILE_ROWS`
+    operations with the most self time on the device (CUDA kernels by name), else on the CPU."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    field = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, field), reverse=True)[:PROFILE_ROWS]
+    return [(e.key[:90], getattr(e, field) / 1e3, e.count) for e in events]
+
+
+def profile_rows(vocab: int, positions: int, results: dict[str, dict]) -> list[str]:
+    """The profiled cases' operations, one small table each."""
+    rows = []
+    for head, r in results.items():
+        if r.get("profile"):
+            rows += ["", f"Profile of one `{head}` training step, |V| = {vocab}, N = {positions}, self time:", "",
+                     "| operation | ms | calls |", "| --- | --- | --- |"]
+            rows += [f"| `{name.replace('|', '/')}` | {ms:.2f} | {calls} |" for name, ms, calls in r["profile"]]
+    return rows
 
 
 def paired_medians(calls: dict, reps: int, clock=cpu_clock) -> tuple[float, float]:
@@ -328,11 +363,13 @@ def main(argv=None):
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     print("\n".join(lines), flush=True)
+    profiles = []
     for vocab in map(int, args.vocab.split(",")):
         for positions in map(int, args.positions.split(",")):
             cases = [dict(head=head, vocab=vocab, positions=positions, reps=args.reps, threads=args.threads,
                           warmup=not args.no_warmup, device=args.device, dtype=dtype, backbone=args.backbone,
-                          gen_tokens=0 if args.no_generate else args.gen_tokens, gen_reps=args.gen_reps) for head in heads]
+                          gen_tokens=0 if args.no_generate else args.gen_tokens, gen_reps=args.gen_reps,
+                          profile=head in args.profile.split(",")) for head in heads]
             if args.device == "cuda":  # one worker: the allocator's statistics are per case
                 results = dict(zip(heads, measure(cases)))
             else:  # a fresh process per case: its peak RSS is the case's own
@@ -340,6 +377,9 @@ def main(argv=None):
             rows = table_rows(vocab, positions, results) + reference_notes(results)
             print("\n".join(rows), flush=True)
             lines += rows
+            profiles += profile_rows(vocab, positions, results)
+    print("\n".join(profiles), flush=True)
+    lines += profiles
     if args.device == "cuda" and not args.no_loss_peers:
         from benchmarks.bench_gpu import loss_table
 

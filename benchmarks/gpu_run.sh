@@ -95,7 +95,7 @@ if [ $TINY -eq 1 ]; then
     TESTS=(tests/test_cuda.py)  # collected and skipped (the kernels' interpreter tests run in the suite)
     VOCABS=(512)  # every head of the catalog
     BENCH=(--device cpu --positions 512 --reps 1 --threads 1 --allow-busy --no-generate)
-    GPT2=(--device cpu --backbone gpt2-tiny --vocab 512 --positions 512 --reps 1 --threads 1 --allow-busy --no-generate)
+    GPT2=(--device cpu --backbone gpt2-tiny --vocab 512 --positions 512 --reps 1 --threads 1 --allow-busy --no-generate --profile mos)
     LOSS=(--device cpu --vocab 512 --positions 256 --dim 32 --reps 1 --own_chunk_exponents 12)
     TRAIN=(--model_preset gpt2-tiny --model_overrides '{"n_layer": 1, "n_embd": 32, "n_head": 2}' --block_size 32
            --tokenizer_vocab_size 300 --per_device_train_batch_size 4 --dataloader_num_workers 1 --max_steps 3 --logging_steps 1
@@ -112,7 +112,7 @@ else
     VOCABS=(32000 128000)  # every head of the catalog at the first, the loss paths at issue at the others
     BENCH=(--device cuda --positions 8192 --reps 5 --no-loss-peers --allow-busy --no-generate)
     GPT2=(--device cuda --backbone gpt2-small --vocab 32000,128000 --positions 16384 --reps 5 --no-loss-peers --allow-busy
-          --no-generate)
+          --no-generate --profile mos)
     LOSS=(--device cuda --vocab 32000,128000 --positions 8192 --dim 2048 --reps 5 --own_chunk_exponents 24,25,26)
     TRAIN=(--model_preset gpt2-small --block_size 1024 --tokenizer data/scale_corpus --per_device_train_batch_size 32
            --dataloader_num_workers 4
