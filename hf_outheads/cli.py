@@ -3,9 +3,10 @@
     hf-outheads quickstart [--task lm|seq2seq|both] [--output_root outputs]   # the main job, offline
     hf-outheads train --config training/configs/quickstart_lm.yaml [--key value ...]
     hf-outheads export <trained_dir> <out_dir> [--approximate --text-file FILE] [--overwrite]
+    hf-outheads mtp-distill <run_dir> --output_dir <out_dir> [--prompts 512 --max_steps 300]
 
 Each runs a module of `hf_outheads.training` (the repository's `training/` folder, installed under
-the package) as `python -m` would, in this process: `quickstart`, `train` and `export`.
+the package) as `python -m` would, in this process: `quickstart`, `train`, `export` and `mtp_distill`.
 `train` is one process; several go through accelerate: `accelerate launch -m hf_outheads.training.train
 ...` (or, in a checkout, `accelerate launch training/train.py ...`). `hf-outheads <command> --help`
 lists a command's options.
@@ -21,12 +22,13 @@ COMMANDS = {  # command -> (module of hf_outheads.training, what it does)
     "quickstart": ("quickstart", "the offline quickstart: train, evaluate and publish two tiny models"),
     "train": ("train", "train, evaluate and publish a model (one process)"),
     "export": ("export", "write a trained model as its backbone's own transformers class"),
+    "mtp-distill": ("mtp_distill", "self-distil an mtp model's future-token predictors on its greedy output"),
 }
 TRAIN_STACK = ("yaml", "accelerate", "datasets", "tokenizers", "evaluate", "sacrebleu")  # imported by every command
 
 
 def usage() -> str:
-    rows = "\n".join(f"  {name:<11} {what}" for name, (_, what) in COMMANDS.items())
+    rows = "\n".join(f"  {name:<12} {what}" for name, (_, what) in COMMANDS.items())
     return f"usage: hf-outheads <command> [options]\n\ncommands:\n{rows}\n\n`hf-outheads <command> --help` lists its options."
 
 

@@ -41,8 +41,8 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
 
     main([])
     usage = capsys.readouterr().out
-    assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "export")), usage
-    with pytest.raises(SystemExit, match="unknown command 'trian'; choose one of quickstart, train, export"):
+    assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "export", "mtp-distill")), usage
+    with pytest.raises(SystemExit, match="unknown command 'trian'; choose one of quickstart, train, export, mtp-distill"):
         main(["trian"])
     scripts = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"hf-outheads": "hf_outheads.cli:main"}
@@ -85,6 +85,10 @@ def test_the_scripts_run_by_path_from_the_repository_root_and_from_any_folder(tm
         assert run.returncode == 0 and "--overwrite_output_dir" in run.stdout, run.stderr[-3000:]
     run = command(ROOT / "training" / "export.py", "missing", "out", cwd=tmp_path, timeout=120)
     assert run.returncode == 1 and run.stderr.strip() == "Not exported: the folder missing does not exist.", run.stderr
+    run = command(ROOT / "training" / "mtp_distill.py", "--help", cwd=tmp_path, timeout=120)
+    assert run.returncode == 0 and "--max_steps" in run.stdout, run.stderr[-3000:]
+    run = command(ROOT / "training" / "mtp_distill.py", str(tmp_path), "--output_dir", "out", cwd=tmp_path, timeout=120)
+    assert run.returncode == 1 and "has no train_config.yaml" in run.stderr, run.stderr[-3000:]
 
 
 def test_exporting_a_folder_that_does_not_exist_says_so_in_one_line_without_the_hub(tmp_path, monkeypatch):

@@ -449,3 +449,38 @@ def test_short_sequences_and_ignored_labels_stay_finite():
     prompt = torch.tensor([[7]])
     assert torch.equal(model.generate(prompt, max_new_tokens=8, do_sample=False, use_mtp=True),
                        model.generate(prompt, max_new_tokens=8, do_sample=False))
+
+
+def test_self_distillation_trains_the_predictors_alone_and_raises_acceptance(tmp_path):
+    """`training.mtp_distill`: the predictors learn the model's own greedy continuations (labels on the
+    continuations only); the next-token model keeps every value, and drafting on those prompts keeps
+    more of its drafts than before."""
+    from training.mtp_distill import distill, greedy_examples
+
+    model = mtp_model(num_future=2, seed=1)
+    prompts = torch.randint(3, VOCAB, (32, 5), generator=torch.Generator().manual_seed(5))
+    eos = model.generation_config.eos_token_id
+    examples = greedy_examples(model, prompts, 12, 8, 0, eos)
+    plain = model.generate(prompts[:1], max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(examples["input_ids"][:1, : plain.shape[1]], plain)  # batched greedy is greedy
+    assert (examples["labels"][:, :5] == -100).all() and (examples["labels"][:, 5:] != -100).any()
+
+    def kept_share():
+        accepted = proposed = 0
+        for prompt in prompts[:8].split(1):
+            model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, use_mtp=True)
+            accepted, proposed = accepted + sum(model.head.draft_counts.accepted), proposed + sum(model.head.draft_counts.proposed)
+        return accepted / proposed
+
+    kept = kept_share()
+    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not name.startswith("head.predictors.")}
+    with torch.no_grad():
+        logits = model(examples["input_ids"]).logits
+    result = distill(model, examples, str(tmp_path), batch_size=8, max_steps=150, learning_rate=1e-2, seed=0)
+    assert all(result["losses_after"][k] < result["losses_before"][k] - 0.5 for k in result["losses_before"]), result
+    assert all(torch.equal(p, frozen[name]) for name, p in model.named_parameters() if name in frozen)
+    assert all(p.requires_grad for p in model.parameters()) and not model.training
+    with torch.no_grad():
+        assert torch.equal(model(examples["input_ids"]).logits, logits)
+    after = kept_share()
+    assert after > kept + 0.1, (kept, after)

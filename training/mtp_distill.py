@@ -1,0 +1,160 @@
+"""Self-distillation of an `mtp` model's future-token predictors: they learn the model's own greedy
+continuations, which are what drafting (`generate(..., use_mtp=True)`) has to guess, while the
+backbone and the shared output head stay frozen, so that the next-token model (its perplexity and
+every output of `generate()`) is unchanged. Medusa's self-distillation (Cai et al. 2024, arXiv
+2401.10774, Sec. 2.3.2) trains its draft heads on the model's own outputs for the same reason: the
+corpus's text is not what the model generates (a fine-tuned predictor may agree with the next-token
+head on half of the text's positions, yet on a third of greedy output's).
+
+    python -m training.mtp_distill RUN_DIR --output_dir OUT [--prompts 512 --max_steps 300]
+
+RUN_DIR is a model folder that `training/train.py` wrote (its `train_config.yaml` names the training
+data). The prompts are the first `--prompt_tokens` tokens of texts of the training split (never the
+validation split, on which `studies/mtp_speed.py` measures); each gets `--new_tokens` greedy tokens,
+and the predictors train on the continuations (the prompt's positions and anything after an
+end-of-sequence token carry no label) with transformers' `Trainer`. OUT receives the model, its
+tokenizer and `distill.json` (the settings and the predictors' losses before and after).
+"""
+
+from __future__ import annotations
+
+if not __package__:  # run by path (`python training/mtp_distill.py`): its modules are the installed package's
+    __package__ = "hf_outheads.training"
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from hf_outheads import IGNORE_INDEX
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="A model folder written by training/train.py (with its train_config.yaml).")
+    parser.add_argument("--output_dir", required=True, help="Where the distilled model goes.")
+    parser.add_argument("--prompts", type=int, default=512, help="Prompts from the training split.")
+    parser.add_argument("--prompt_tokens", type=int, default=32, help="Tokens per prompt.")
+    parser.add_argument("--new_tokens", type=int, default=64, help="Greedy tokens generated after each prompt.")
+    parser.add_argument("--batch_size", type=int, default=16, help="Sequences per generation and per training step.")
+    parser.add_argument("--max_steps", type=int, default=300, help="Training steps of the predictors.")
+    parser.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate (cosine, 10%% warm-up).")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+@torch.no_grad()
+def greedy_examples(model, prompts: torch.Tensor, new_tokens: int, batch_size: int, pad_token_id: int,
+                    eos_token_id: int | None) -> dict[str, torch.Tensor]:
+    """`input_ids` (the prompts, `(n, p)`, and their greedy continuations; pad tokens after an end of
+    sequence) and `labels` (the continuations' tokens; -100 on the prompts and after the first end of
+    sequence), `(n, p + new_tokens)` each."""
+    model.eval()
+    rows = []
+    for batch in prompts.split(batch_size):  # prompts of one length: no padding, so batched greedy is greedy
+        out = model.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=pad_token_id, eos_token_id=eos_token_id)  # (a prompt's pad id is a token)
+        rows.append(torch.nn.functional.pad(out, (0, prompts.shape[1] + new_tokens - out.shape[1]), value=pad_token_id))
+    ids = torch.cat(rows)
+    labels = ids.clone()
+    labels[:, : prompts.shape[1]] = IGNORE_INDEX
+    if eos_token_id is not None:
+        ended = (ids == eos_token_id) & (labels != IGNORE_INDEX)
+        after = (ended.cumsum(1) - ended.int()) > 0  # past the first end of sequence of the continuation
+        labels[after] = IGNORE_INDEX
+    return {"input_ids": ids, "labels": labels}
+
+
+def predictor_losses(model, examples: dict[str, torch.Tensor], batch_size: int) -> dict[str, float]:
+    """Each depth's mean future-token loss over `examples` (`aux_terms`, `mtp_nll_k`; labels give them in
+    evaluation too), averaged over batches."""
+    model.eval()
+    totals, batches = {}, 0
+    with torch.no_grad():
+        for ids, labels in zip(examples["input_ids"].split(batch_size), examples["labels"].split(batch_size)):
+            for name, value in model(input_ids=ids, labels=labels).aux_terms.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+            batches += 1
+    return {name: total / batches for name, total in totals.items()}
+
+
+def distill(model, examples: dict[str, torch.Tensor], output_dir: str, batch_size: int, max_steps: int,
+            learning_rate: float, seed: int) -> dict:
+    """Train only `model.head.predictors` on `examples` with `Trainer`; the rest of the model keeps its
+    values. Returns the predictors' losses on `examples` before and after, and the trained parameters."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    if getattr(model.config, "head_type", None) != "mtp":
+        raise ValueError(f"Self-distillation trains an `mtp` head's predictors; this model's head is "
+                         f"'{getattr(model.config, 'head_type', None)}'.")
+    before = predictor_losses(model, examples, batch_size)
+    # the predictors read the frozen model's states as generation computes them: every dropout off
+    dropouts = {module: module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
+    for module in dropouts:
+        module.p = 0.0
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("head.predictors."))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    args = TrainingArguments(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size,
+                             learning_rate=learning_rate, lr_scheduler_type="cosine", warmup_steps=max(1, max_steps // 10),
+                             logging_steps=max(1, max_steps // 10), save_strategy="no", report_to=[], seed=seed,
+                             dataloader_num_workers=0, disable_tqdm=True)
+    data = Dataset.from_dict({key: value.tolist() for key, value in examples.items()}).with_format("torch")
+    Trainer(model=model, args=args, train_dataset=data).train()
+    for parameter in model.parameters():
+        parameter.requires_grad_(True)
+    for module, rate in dropouts.items():
+        module.p = rate
+    model.eval()
+    return {"losses_before": before, "losses_after": predictor_losses(model, examples, batch_size),
+            "trained_parameters": trained, "examples": len(data)}
+
+
+def training_prompts(run: Path, tokenizer, count: int, length: int) -> torch.Tensor:
+    """`(count, length)` token ids: the first `length` tokens of the run's training texts that have as many."""
+    from . import data as data_lib
+    from .options import parse_options
+
+    options = parse_options(["--config", str(run / "train_config.yaml")])
+    train, _ = data_lib.select_splits(data_lib.load_raw(options), options)
+    chosen = []
+    for text in data_lib.training_texts(train, options):
+        ids = tokenizer(text)["input_ids"]
+        if len(ids) >= length:
+            chosen.append(ids[:length])
+        if len(chosen) == count:
+            break
+    if not chosen:
+        raise SystemExit(f"No training text of {run} has {length} tokens: lower --prompt_tokens.")
+    return torch.tensor(chosen)
+
+
+def main(argv=None):
+    from transformers import AutoModelForCausalLM
+
+    import hf_outheads  # noqa: F401  (registers the Auto classes: no remote code runs)
+
+    from .tokenization import load_saved_tokenizer
+
+    args = parse_args(argv)
+    run = Path(args.run)
+    if not (run / "train_config.yaml").is_file():
+        raise SystemExit(f"{run} has no train_config.yaml: give a model folder that training/train.py wrote.")
+    torch.manual_seed(args.seed)
+    tokenizer = load_saved_tokenizer(run)
+    model = AutoModelForCausalLM.from_pretrained(run)
+    prompts = training_prompts(run, tokenizer, args.prompts, args.prompt_tokens)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    examples = greedy_examples(model, prompts, args.new_tokens, args.batch_size, pad, tokenizer.eos_token_id)
+    result = distill(model, examples, args.output_dir, args.batch_size, args.max_steps, args.learning_rate, args.seed)
+    model.save_pretrained(args.output_dir)
+    tokenizer.save_pretrained(args.output_dir)
+    result = {"run": str(run), **{k: v for k, v in vars(args).items() if k not in ("run", "output_dir")}, **result}
+    (Path(args.output_dir) / "distill.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
