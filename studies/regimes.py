@@ -28,6 +28,7 @@ REGIMES = {
     "regime_restore_finetune": "seq2seq converted, fine-tuned",
     "scale_gpt2small": "GPT-2-small size",
     "mtp_finetune": "converted, fine-tuned with MTP",
+    "mtp_finetune_6l": "6 layers, converted, fine-tuned with MTP",
 }
 
 
