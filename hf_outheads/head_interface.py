@@ -368,3 +368,10 @@ def nll_sum_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
+
+
+def word_rows(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor | None):
+    """`(weight[rows], bias[rows])` of a per-word matrix and bias (None: no bias; `rows` None: every word)."""
+    if rows is None:
+        return weight, bias
+    return weight[rows], None if bias is None else bias[rows]

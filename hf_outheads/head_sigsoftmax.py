@@ -33,7 +33,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .head_interface import HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits, training_mode
+from .head_interface import (HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits, training_mode,
+                             word_rows)
 from .head_linear import OwnOutputMatrix
 from .losses import mixture_nll_sum
 from .head_options import HeadDims, HeadOptions, choice, flag
@@ -101,9 +102,7 @@ class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
 
     def word_scorer(self, embeddings: torch.Tensor, rows: torch.Tensor | None = None):
         """`h -> z + log sigmoid(z)`, `z = W[rows] h + b[rows]`: `forward`'s logits at the columns `rows`."""
-        weight, bias = self.weight, self.bias
-        if rows is not None:
-            weight, bias = weight[rows], None if bias is None else bias[rows]
+        weight, bias = word_rows(self.weight, self.bias, rows)
         return lambda hidden: sigsoftmax_scores(F.linear(hidden, weight, bias))
 
     def loss_path(self, device: torch.device) -> str:

@@ -146,14 +146,14 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         out = self.head(inputs, labels)
         loss = nll = None
         if labels is not None:
-            count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE_INDEX).sum()
+            tokens = (labels != IGNORE_INDEX).sum()
+            count = tokens if num_items_in_batch is None else num_items_in_batch
             count = torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0
             loss = nll = out.nll_sum / count
             if out.extra_nll_sum is not None:
                 loss = loss + out.extra_nll_sum / count
-            if out.aux_loss is not None:  # a per-micro-batch term: given a window's count, this batch's share of it
-                share = 1.0 if num_items_in_batch is None else (labels != IGNORE_INDEX).sum() / count
-                loss = loss + out.aux_loss * share
+            if out.aux_loss is not None:  # a per-micro-batch term: this batch's share of the count
+                loss = loss + out.aux_loss * (tokens / count)
         return loss, nll, out.logits, out.aux_loss, out.aux_terms
 
     def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch, token_ids=None):

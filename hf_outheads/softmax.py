@@ -28,7 +28,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .head_interface import (HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits, training_mode,
-                             word_count_vector)
+                             word_count_vector, word_rows)
 from .losses import linear_cross_entropy
 from .head_options import HeadOptions, choice, flag, number
 from .loss_kernels import PEER_KERNELS, fastest_kernel
@@ -195,16 +195,13 @@ class SoftmaxHead(OutputBias, OutputHead):
             self._generating, self._checked = outer
 
     def train(self, mode: bool = True):
-        if mode != self.training:  # training changes the weights: drop the kept matrix and copies
-            self._label_cache = None
+        self._label_cache = None  # training changes the weights: drop the kept matrix and copies
         return super().train(mode)
 
     def word_scorer(self, embeddings: torch.Tensor, rows: torch.Tensor | None = None):
         """`h -> L[rows] (A h + c) + b[rows]`: `forward`'s logits at the columns `rows` (None: all),
         the label matrix taken once (`current_label_matrix`, kept within `generation_scope()`)."""
-        weight, bias = self.current_label_matrix(self.label_source(embeddings)), self.bias
-        if rows is not None:
-            weight, bias = weight[rows], None if bias is None else bias[rows]
+        weight, bias = word_rows(self.current_label_matrix(self.label_source(embeddings)), self.bias, rows)
         return lambda hidden: F.linear(self.context(hidden), weight, bias)
 
     def loss_path(self, device: torch.device) -> str:
