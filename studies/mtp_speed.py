@@ -52,16 +52,12 @@ def mtp_runs(root: Path) -> list[Path]:
 
 
 def prompts(tokenizer, count: int, length: int) -> list[torch.Tensor]:
+    """`(1, length)` prompts: the first tokens of the built-in corpus's validation texts (`leading_tokens`)."""
+    from training.mtp_distill import leading_tokens
     from training.stdlib_corpus import load_stdlib_dataset
 
-    chosen = []
-    for row in load_stdlib_dataset("text")["validation"]:
-        ids = tokenizer(row["text"])["input_ids"]
-        if len(ids) >= length:
-            chosen.append(torch.tensor([ids[:length]]))
-        if len(chosen) == count:
-            break
-    return chosen
+    texts = (row["text"] for row in load_stdlib_dataset("text")["validation"])
+    return [torch.tensor([ids]) for ids in leading_tokens(texts, tokenizer, count, length)]
 
 
 def timed(model, prompt, **options) -> tuple[float, torch.Tensor]:

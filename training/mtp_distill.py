@@ -94,22 +94,36 @@ def distill(model, examples: dict[str, torch.Tensor], output_dir: str, batch_siz
     dropouts = {module: module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
     for module in dropouts:
         module.p = 0.0
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad_(name.startswith("head.predictors."))
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    flags = {parameter: parameter.requires_grad for parameter in model.parameters()}
+    predictors = set(model.head.predictors.parameters())
+    for parameter in flags:
+        parameter.requires_grad_(parameter in predictors)
+    trained = sum(p.numel() for p in predictors)
     args = TrainingArguments(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size,
                              learning_rate=learning_rate, lr_scheduler_type="cosine", warmup_steps=max(1, max_steps // 10),
                              logging_steps=max(1, max_steps // 10), save_strategy="no", report_to=[], seed=seed,
                              dataloader_num_workers=0, disable_tqdm=True)
     data = Dataset.from_dict({key: value.tolist() for key, value in examples.items()}).with_format("torch")
     Trainer(model=model, args=args, train_dataset=data).train()
-    for parameter in model.parameters():
-        parameter.requires_grad_(True)
+    for parameter, flag in flags.items():
+        parameter.requires_grad_(flag)
     for module, rate in dropouts.items():
         module.p = rate
     model.eval()
     return {"losses_before": before, "losses_after": predictor_losses(model, examples, batch_size),
             "trained_parameters": trained, "examples": len(data)}
+
+
+def leading_tokens(texts, tokenizer, count: int, length: int) -> list[list[int]]:
+    """The first `length` token ids of each of the first `count` texts that have as many (prompts)."""
+    chosen = []
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        if len(ids) >= length:
+            chosen.append(ids[:length])
+        if len(chosen) == count:
+            break
+    return chosen
 
 
 def training_prompts(run: Path, tokenizer, count: int, length: int) -> torch.Tensor:
@@ -119,13 +133,7 @@ def training_prompts(run: Path, tokenizer, count: int, length: int) -> torch.Ten
 
     options = parse_options(["--config", str(run / "train_config.yaml")])
     train, _ = data_lib.select_splits(data_lib.load_raw(options), options)
-    chosen = []
-    for text in data_lib.training_texts(train, options):
-        ids = tokenizer(text)["input_ids"]
-        if len(ids) >= length:
-            chosen.append(ids[:length])
-        if len(chosen) == count:
-            break
+    chosen = leading_tokens(data_lib.training_texts(train, options), tokenizer, count, length)
     if not chosen:
         raise SystemExit(f"No training text of {run} has {length} tokens: lower --prompt_tokens.")
     return torch.tensor(chosen)
