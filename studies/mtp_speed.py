@@ -60,6 +60,19 @@ def prompts(tokenizer, count: int, length: int) -> list[torch.Tensor]:
     return [torch.tensor([ids]) for ids in leading_tokens(texts, tokenizer, count, length)]
 
 
+def repeated_share(sequences: list[torch.Tensor], prompt_tokens: int, n: int = 4) -> float:
+    """The share of generated tokens (after `prompt_tokens`) that end an `n`-gram already in their sequence."""
+    repeated = total = 0
+    for sequence in sequences:
+        ids = sequence.reshape(-1).tolist()
+        seen = {tuple(ids[i - n + 1 : i + 1]) for i in range(n - 1, prompt_tokens)}
+        for i in range(max(prompt_tokens, n - 1), len(ids)):
+            gram = tuple(ids[i - n + 1 : i + 1])
+            repeated, total = repeated + (gram in seen), total + 1
+            seen.add(gram)
+    return repeated / max(total, 1)
+
+
 def timed(model, prompt, **options) -> tuple[float, torch.Tensor]:
     return timed_call(lambda: model.generate(prompt, **options), prompt.device)
 
@@ -135,7 +148,7 @@ def measure(run: Path, args) -> list[dict]:
 
     counts = {name: DraftCounts.empty(len(head.predictors)) for name in variants}
     times = {name: [] for name in ("plain", *variants)}
-    tokens = 0
+    tokens, outputs = 0, []
     chosen = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens)]
     texts = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens + args.new_tokens)]
     for prompt in chosen[:2]:  # warm-up, not timed
@@ -156,6 +169,7 @@ def measure(run: Path, args) -> list[dict]:
                 if repeat == 0:
                     counts[name].add(head.draft_counts)
         tokens += plain.shape[1] - prompt.shape[1]
+        outputs.append(plain)
         for name in per:
             times[name].append(statistics.median(per[name]))
     head.draft_tokens = shortlist
@@ -172,7 +186,7 @@ def measure(run: Path, args) -> list[dict]:
             "prompts": len(chosen), "tokens": tokens,
             "tokens_per_s": {"plain": speed["plain"], "mtp": speed[name]}, "speed_up": speed[name] / speed["plain"],
             "acceptance": count.acceptance(), "tokens_per_round": per_round, "draft_counts": vars(count),
-            "text_agreement": agreement,
+            "text_agreement": agreement, "repeated_4grams": repeated_share(outputs, args.prompt_tokens),
             # a round's cost in plain greedy steps: what the drafts must pay for
             "round_in_steps": speed["plain"] * per_round / speed[name],
             "verify_forward_in_steps": costs[depth + 1] / costs[1]})
@@ -192,7 +206,8 @@ def write(results: list[dict], args, command: str) -> None:
     depth = max(len(r["acceptance"]) for r in results)
     header = ["run", "draft vocabulary", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification",
               "round / plain step", "verification forward / one-token forward"] + [
-        f"acceptance t+{j + 2}" for j in range(depth)] + [f"agreement on the text, t+{j + 2}" for j in range(depth)]
+        f"acceptance t+{j + 2}" for j in range(depth)] + [f"agreement on the text, t+{j + 2}" for j in range(depth)] + [
+        "greedy tokens repeating a 4-gram"]
     lines = [f"Command: `{command}`", "",
              f"Greedy decoding, {settings['prompts']} prompts of {settings['prompt_tokens']} tokens from the built-in "
              f"corpus's validation split, up to {settings['new_tokens']} new tokens, {settings['repeats']} alternating "
@@ -204,6 +219,7 @@ def write(results: list[dict], args, command: str) -> None:
         pad = [""] * (depth - len(r["acceptance"]))
         rates = [f"{a:.1%}" if a is not None else "" for a in r["acceptance"]] + pad
         rates += [f"{a:.1%}" if a is not None else "" for a in r["text_agreement"]] + pad
+        rates.append(f"{r['repeated_4grams']:.1%}")
         lines.append(f"| {name} | {r['draft_vocabulary']} | {r['tokens_per_s']['plain']:.1f} | {r['tokens_per_s']['mtp']:.1f} | "
                      f"{r['speed_up']:.2f}x | {r['tokens_per_round']:.2f} | {r['round_in_steps']:.2f} | "
                      f"{r['verify_forward_in_steps']:.2f} | " + " | ".join(rates) + " |")
@@ -217,7 +233,9 @@ def write(results: list[dict], args, command: str) -> None:
               "t+j, every token ahead the text's own (teacher-forced), is the next-token head's argmax for that "
               "token: the acceptance drafting would see on the corpus's own text rather than on greedy output. "
               "Draft vocabulary: the words a draft is chosen from (the model's `draft_vocab_size` most frequent "
-              "training words, or every word; the same model, verified over every word either way)."]
+              "training words, or every word; the same model, verified over every word either way). Greedy tokens "
+              "repeating a 4-gram: the share of plain greedy's new tokens that end a 4-gram already in their "
+              "sequence (output that repeats itself is easy to draft)."]
     (out / "speed.md").write_text("\n".join(lines) + "\n")
 
 
