@@ -122,6 +122,25 @@ class OutHeadsConfig(PretrainedConfig):
         return getattr(text, name)
 
     @property
+    def use_cache(self) -> bool | None:
+        """The backbone's `use_cache` (`text_config.use_cache`), read and written here: the value the
+        backbone's forward falls back to when called with `use_cache=None`, as the one config that
+        transformers' own LMs share with their backbone. So `model.config.use_cache = False` (what
+        Trainer sets from `TrainingArguments.use_cache`) builds no KV cache in training, and with
+        no cache transformers keeps the packed-sequence mask of padding-free batches
+        (`DataCollatorWithFlattening`). `generate` passes `generation_config.use_cache` itself."""
+        text = self.__dict__.get("text_config")
+        if text is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute 'use_cache' (no text_config)")
+        return getattr(text, "use_cache", None)
+
+    @use_cache.setter
+    def use_cache(self, value: bool | None) -> None:
+        if self.__dict__.get("text_config") is None:
+            raise ValueError(f"OutHeadsConfig got use_cache but no text_config (backbone config). {FROM_BACKBONE}")
+        self.text_config.use_cache = value
+
+    @property
     def resolved_head_options(self) -> HeadOptions:
         """The one place a model's head options are resolved: `head_options` for `head_type`
         (an options object as it is, a dict checked by `from_dict`), completed against the

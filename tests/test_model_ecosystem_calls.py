@@ -103,6 +103,31 @@ def test_trainer_evaluate_reports_eval_loss_and_calls_compute_metrics(backbone, 
     assert len(calls) == 1 and metrics["eval_seen"] == 4.0
 
 
+
+@pytest.mark.parametrize("head", ["tied", "doc"])
+def test_trainers_use_cache_reaches_the_backbone_so_packed_batches_score_as_padded(head, tmp_path):
+    """Issue 47 item 13: Trainer sets `model.config.use_cache = False`; it stayed on the composite
+    config, the backbone (reading `text_config.use_cache`) built a KV cache in training, and
+    transformers then dropped the packed-sequence mask of `DataCollatorWithFlattening`: the packed
+    loss differed from the padded batch's (plain `LlamaForCausalLM`: equal). Generation still
+    caches (its `generation_config.use_cache`)."""
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    model = tiny_model("llama", head, {"components": [[-1, 2], [1, 1]]} if head == "doc" else None)
+    Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True))
+    assert model.config.use_cache is False and model.config.text_config.use_cache is False
+    rows = [list(range(3, 10)), list(range(10, 15)), list(range(20, 29))]
+    packed = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": row} for row in rows])
+    width = max(map(len, rows))
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    with torch.no_grad():
+        padded_loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        torch.testing.assert_close(model(**packed).loss, padded_loss, rtol=1e-5, atol=1e-6)
+        assert model(input_ids=ids[:, :3]).cache is None
+    generated = model.generate(ids[:1, :3], max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    assert generated.cache is not None and generated.cache.get_seq_length() > 0
+
 DROPOUT_CASES = [("drill", {"dropout": 0.3}), ("drill", {"dropout": 0.3, "dropout_kind": "locked"}),
                  ("drill", {"dropout": 0.3, "dropout_position": "output"}), ("mos", {"latent_dropout": 0.3}),
                  ("doc", {"latent_dropout": 0.3, "dropout_kind": "standard"}), ("lightrnn", {"latent_dropout": 0.3})]
