@@ -218,10 +218,11 @@ class OutputHead(nn.Module):
         head reads changes (single-softmax heads reuse their label matrix). Default: nothing."""
         return contextlib.nullcontext()
 
-    def candidate_generator(self, model, generation_config, logits_processor):
+    def candidate_generator(self, model, generation_config, logits_processor, prompt_embeds=None):
         """The `transformers` `CandidateGenerator` that drafts tokens for `generate(..., use_mtp=True)`
-        (assisted decoding, `model._get_candidate_generator`). Default: a ValueError, for heads that
-        predict no future tokens."""
+        (assisted decoding, `model._get_candidate_generator`); `prompt_embeds`: the prompt positions
+        given only as embeddings (`generate(inputs_embeds=...)`), or None. Default: a ValueError, for
+        heads that predict no future tokens."""
         raise ValueError(f"Head '{self.head_type}' predicts only the next token, so it has nothing to draft with: "
                          "use_mtp=True needs a model with future-token predictors (head_type='mtp').")
 

@@ -276,8 +276,8 @@ class MTPHead(OutputHead):
         named = {f"mtp_nll_{k}": (total / count).detach() for k, (total, count) in enumerate(zip(sums, counts), start=1)}
         return HeadOutput(logits=out.logits, nll_sum=out.nll_sum, extra_nll_sum=weighted, aux_terms=named)
 
-    def candidate_generator(self, model, generation_config, logits_processor):
+    def candidate_generator(self, model, generation_config, logits_processor, prompt_embeds=None):
         """Drafts from the future predictors (`mtp_drafting.FutureDrafts`)."""
         from .mtp_drafting import FutureDrafts
 
-        return FutureDrafts(model, self, generation_config, logits_processor)
+        return FutureDrafts(model, self, generation_config, logits_processor, prompt_embeds)

@@ -115,9 +115,13 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
                                  *args, **kwargs):
         """`generate(..., use_mtp=True)`: transformers' assisted decoding with the candidate generator
         of the head (`head.candidate_generator`: drafts from the head's future-token predictors, verified
-        by the next-token head in one forward with the KV cache); otherwise transformers' own choice."""
+        by the next-token head in one forward with the KV cache); otherwise transformers' own choice.
+        A prompt given as `inputs_embeds` reaches the drafts as the rows of the positions before
+        `input_ids` (which then hold the generated tokens alone)."""
         if generation_config.use_mtp:
-            return self.head.candidate_generator(self, generation_config, logits_processor)
+            embeds = None if self.config.is_encoder_decoder else model_kwargs.get("inputs_embeds")
+            prompt_embeds = None if embeds is None else embeds[:, : embeds.shape[1] - input_ids.shape[1]]
+            return self.head.candidate_generator(self, generation_config, logits_processor, prompt_embeds)
         return super()._get_candidate_generator(generation_config, input_ids, inputs_tensor, logits_processor,
                                                 model_kwargs, *args, **kwargs)
 

@@ -60,12 +60,18 @@ class FutureDrafts(CandidateGenerator):
     """transformers' `CandidateGenerator` protocol for drafts computed from the main model's outputs
     (`requires_model_outputs`, as its own `MTPCandidateGenerator`): the first call returns no draft,
     so that the prompt's forward runs first; later calls read the backbone's last states of the
-    verified positions from `model_outputs.hidden_states[-1]`. Counts drafts in `head.draft_counts`."""
+    verified positions from `model_outputs.hidden_states[-1]`. Counts drafts in `head.draft_counts`.
+    `prompt_embeds`: the leading prompt positions given only as embeddings (`generate(inputs_embeds=...)`,
+    whose `input_ids` then hold the generated tokens alone), `(1, P, d)`, or None: positions count from
+    the first of them, and the sequential form reads their rows as the tokens ahead (the rows the
+    backbone read there; the training path reads `E`'s row of each token, which they are for
+    `inputs_embeds = model.get_input_embeddings()(ids)` on most backbones)."""
 
     model: object
     head: object
     generation_config: object
     logits_processor: object = None
+    prompt_embeds: torch.Tensor | None = None
     requires_model_outputs = True
     model_kwargs_overrides = {"output_hidden_states": -1}  # the final states only (no capture: see the model's forward)
     caches: list = field(init=False)
@@ -84,13 +90,16 @@ class FutureDrafts(CandidateGenerator):
         self.head.draft_counts = self.counts = DraftCounts.empty(depth)
         self.sequential = self.head.options.form == "sequential"
         self.drafted = 0
+        self.offset = 0 if self.prompt_embeds is None else self.prompt_embeds.shape[1]  # positions before input_ids
+        if self.offset:
+            self.prompt_embeds = self.prompt_embeds.detach().to(self.embeddings.dtype)
 
     @torch.no_grad()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False,
                        n_last_matches=0, **kwargs):
         if is_first_iteration:  # the prompt's forward first: the predictors read its states
             return input_ids, None
-        last = input_ids.shape[1] - 1
+        last = self.offset + input_ids.shape[1] - 1
         states = model_outputs.hidden_states[-1][:, : last - self.seen] * self.model.config.hidden_scale
         self.seen = last
         tokens, scores = self.draft(input_ids, states)
@@ -103,7 +112,7 @@ class FutureDrafts(CandidateGenerator):
     def draft(self, input_ids: torch.Tensor, states: torch.Tensor) -> tuple[list, list]:
         """One token per depth from position L - 1 (L = the last verified token's index), advancing
         every depth's cache to its exact positions (see the module docstring)."""
-        last, ids = input_ids.shape[1] - 1, input_ids
+        last, ids = self.offset + input_ids.shape[1] - 1, input_ids
         stream, tokens, scores = states, [], []
         for k, predictor in enumerate(self.head.predictors, start=1):
             cache = self.caches[k - 1]
@@ -111,7 +120,7 @@ class FutureDrafts(CandidateGenerator):
             if predictor.merge is None:
                 out = predictor(states, cache=cache)
             else:
-                ahead = F.embedding(ids[:, start + k : last + k], self.embeddings)
+                ahead = self.input_rows(ids, start + k, last + k)
                 out = predictor(stream, ahead, cache)
             token, score = self.choose(ids, predictor.norm(out[:, -1:]))
             tokens.append(token)
@@ -126,6 +135,14 @@ class FutureDrafts(CandidateGenerator):
                 offset = max(0, last - k) - len(self.caches[k])
                 self.unread[k] = stream[:, offset : offset + exact - max(0, last - k)]
         return tokens, scores
+
+    def input_rows(self, ids: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """The input rows of positions [start, stop): `prompt_embeds`' before `offset`, `E`'s rows of the ids after."""
+        offset = self.offset
+        rows = F.embedding(ids[:, max(start - offset, 0) : stop - offset], self.embeddings)
+        if start >= offset:
+            return rows
+        return torch.cat([self.prompt_embeds[:, start : min(stop, offset)], rows], dim=1)
 
     def choose(self, ids: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft from one normalised state through the shared head's scores of the draft vocabulary:

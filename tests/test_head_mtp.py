@@ -161,6 +161,29 @@ def test_greedy_drafting_is_token_identical_to_greedy(family, form):
     assert 0 < accepted < proposed, (accepted, proposed)  # drafts were both kept and refused
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_a_prompt_given_as_embeddings_drafts_as_its_ids(form, monkeypatch):
+    """Issue 47 item 16: `generate(inputs_embeds=..., use_mtp=True)` took the prompt's length from
+    `input_ids`, which then hold the generated tokens alone, and failed; plain greedy worked. With
+    `inputs_embeds = E[ids]` every round drafts what the ids prompt drafts, and the output is plain
+    greedy's (the drafts both kept and refused)."""
+    model = mtp_model(form=form, seed=2)
+    calls = recorded_drafts(monkeypatch)
+    options = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    accepted = proposed = 0
+    for prompt in prompts(3):
+        embeds = model.get_input_embeddings()(prompt).detach()
+        drafted = model.generate(inputs_embeds=embeds, use_mtp=True, **options)
+        assert torch.equal(drafted, model.generate(inputs_embeds=embeds, **options))
+        counts, from_embeds = model.head.draft_counts, [drafts for _, drafts in calls]
+        accepted, proposed = accepted + sum(counts.accepted), proposed + sum(counts.proposed)
+        calls.clear()
+        assert torch.equal(model.generate(prompt, use_mtp=True, **options)[:, prompt.shape[1]:], drafted)
+        assert len(calls) == len(from_embeds) and all(map(torch.equal, from_embeds, [d for _, d in calls]))
+        calls.clear()
+    assert 0 < accepted < proposed, (accepted, proposed)
+
+
 def test_greedy_drafting_stops_at_eos_and_max_length():
     model = mtp_model(seed=1)
     for prompt in prompts():
