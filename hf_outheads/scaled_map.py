@@ -86,12 +86,17 @@ class ScaledMap(nn.Module):
         return weight + self.base * self.identity(weight) if self.base else weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`scale * (A x) + base * (I x) + b`: elementwise work on x's rows, not on a d x d
-        weight and identity rebuilt per call (which a one-position generation step notices)."""
-        inner_bias = self.bias if self.scaled_bias else None
-        out = F.linear(x, self.weight, inner_bias)
-        if self.scale != 1.0:
-            out = out * self.scale
+        """`A (scale x) + base (I x) + b` (`b = scale c` for a scaled bias): elementwise work on x's
+        rows, not on a d x d weight and identity rebuilt per call (which a one-position generation
+        step notices). The scale goes on x before the product: `A` is `(W - base I) / scale`, so
+        `A x` is up to `1 / scale` times larger than `W x` and overflows fp16 (65504) on states that
+        `W x` holds (a final norm's output in the thousands), where `A (scale x)` stays within
+        `W x`'s range."""
+        if self.scale == 1.0:
+            out = F.linear(x, self.weight, self.bias if self.scaled_bias else None)
+        else:
+            inner_bias = self.bias * self.scale if self.scaled_bias else None
+            out = F.linear(x * self.scale, self.weight, inner_bias)
         if self.base:
             d = self.weight.shape[0] // self.copies
             identity = x[..., :d] if d <= x.shape[-1] else F.pad(x, (0, d - x.shape[-1]))

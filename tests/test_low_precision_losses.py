@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_outheads import losses
+from hf_outheads import HEAD_CLASSES, losses
 from test_fused_losses import PRODUCTS, fused_loss, grads, mixture_problem, naive_loss
 from tiny import batch, tiny_model
 
@@ -106,3 +106,23 @@ def test_mixture_heads_train_under_bf16_autocast_as_in_fp32(head, options):
     for g_got, g_want in zip(got_grads, want_grads):
         assert g_got.dtype == torch.float32
         torch.testing.assert_close(g_got, g_want, rtol=0.1, atol=0.1 * g_want.abs().max().item())
+
+
+@pytest.mark.parametrize("head", sorted(HEAD_CLASSES))
+def test_fp16_on_large_final_states_is_finite_and_the_fp32_loss(head):
+    """Issue 47 item 14: with the final norm's output in the thousands (its weight x 3e3), `mos` and
+    `doc` in fp16 gave NaN logits, loss and gradients (their latent maps multiplied x by the stored
+    `A = (W - base I) / map_scale` before scaling back, past fp16's 65504); `LlamaForCausalLM` and
+    every other head stayed finite. Now every head does, at the fp32 model's loss."""
+    losses_by_dtype = []
+    for dtype in (torch.float32, torch.float16):
+        model = tiny_model("llama", head).to(dtype).train()
+        with torch.no_grad():
+            model.get_decoder().norm.weight.mul_(3e3)
+        torch.manual_seed(0)  # the same dropout masks in both
+        out = model(**batch("llama"), return_logits=True)
+        out.loss.backward()
+        assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss), dtype
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None), dtype
+        losses_by_dtype.append(out.loss.float())
+    torch.testing.assert_close(losses_by_dtype[1], losses_by_dtype[0], rtol=1e-3, atol=0)
