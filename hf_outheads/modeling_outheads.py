@@ -139,7 +139,10 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         (mixture heads return `logits=None` when training with labels), True always computes logits,
         False skips them when labels are given. `token_ids`: the (decoder) input ids, or None."""
         hidden = slice_logits_to_keep(last_hidden, logits_to_keep) * self.config.hidden_scale
-        layers = {i: slice_logits_to_keep(hidden_states[i], logits_to_keep) for i in self.head.layer_indices}
+        # in the final state's dtype: hidden_states[0] of most backbones is `inputs_embeds` as the caller gave it
+        # (bf16 rows into an fp32 model), which the backbone's first layer promotes but a head's map would not
+        layers = {i: slice_logits_to_keep(hidden_states[i], logits_to_keep).to(hidden.dtype)
+                  for i in self.head.layer_indices}
         if labels is not None:
             labels = slice_logits_to_keep(labels.unsqueeze(-1), logits_to_keep).squeeze(-1).to(hidden.device)
             check_labels(labels, self.head.dims.vocab_size)

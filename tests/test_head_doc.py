@@ -160,6 +160,24 @@ def test_one_locked_mask_shared_by_all_components_and_time_steps():
     assert not torch.equal(mask[0], mask[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs_embeds_reach_a_layer_0_component(dtype):
+    """Issue 47 item 15: an fp32 model given bf16 or fp16 `inputs_embeds` (which the backbone's first
+    layer promotes) handed `hidden_states[0]` in the caller's dtype to the head: `mat1 and mat2 must
+    have the same dtype`. The head now gets it in the final state's dtype, and scores the rounded
+    embeddings as the fp32 copy of them does, to the backbone's own rounding of low-precision input."""
+    model = tiny_model("llama", "doc", {"components": COMPONENTS}).train()
+    ids = batch("llama")["input_ids"]
+    embeds = model.get_input_embeddings()(ids).detach().to(dtype)
+    out = model(inputs_embeds=embeds, labels=ids, return_logits=True)
+    out.loss.backward()
+    assert out.logits.dtype == torch.float32 and torch.isfinite(out.logits).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.head.parameters() if p.grad is not None)
+    with torch.no_grad():
+        want = model(inputs_embeds=embeds.float(), labels=ids).loss
+    torch.testing.assert_close(out.loss.detach(), want, rtol=1e-2, atol=0)
+
+
 def test_middle_layer_norm():
     dims = HeadDims(vocab_size=11, embed_dim=6, hidden_dim=6, num_layers=2)
     g = torch.Generator().manual_seed(0)
