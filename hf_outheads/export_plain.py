@@ -32,6 +32,11 @@ from .conversion import backbone_state_dict, load_backbone_state_dict, output_bi
 from .head_catalog import HEAD_CLASSES
 from .model_card import build_plain_model_card
 
+# generation options that this package's models answer themselves (`use_mtp`: drafts from the `mtp` head's
+# predictors, `OutHeadsPreTrainedModel._get_candidate_generator`); the export has no predictors, and a stock
+# class given `use_mtp=True` looks for its own MTP layers and fails: the export's generation config drops them
+OWN_GENERATION_KEYS = ("use_mtp",)
+
 
 @dataclass
 class PlainExport:
@@ -85,6 +90,8 @@ def build_plain(model, approximate: bool = False) -> tuple[PreTrainedModel, bool
     load_backbone_state_dict(plain, backbone_state_dict(model))
     write_lm_head(plain, output, bias if exact else None)
     plain.generation_config = copy.deepcopy(model.generation_config)
+    for key in OWN_GENERATION_KEYS:
+        setattr(plain.generation_config, key, None)  # GenerationConfig's default: unset
     return plain.eval(), exact
 
 

@@ -126,6 +126,22 @@ def test_every_affine_head_exports_exactly(tmp_path):
     assert all(results[name]["class"] == ALL[families[name]][0].__name__ for name in cases)
 
 
+def test_the_export_generates_with_a_model_set_to_draft(tmp_path):
+    """Issue 47 item 17: `generation_config.use_mtp = True` (this package's drafting from the `mtp`
+    head) was copied into the stock export, which has no predictors: its `generate` failed (`Could
+    not find num_mtp_layers`). The export drops it and generates the drafting model's tokens."""
+    model = tiny_model("gpt2", "mtp", {"num_future": 2, "head_options": {"output_bias": False}})
+    model.generation_config.use_mtp = True
+    prompt = inputs_for("gpt2")[1]["input_ids"][:1]
+    want = model.generate(prompt, **GENERATE)
+    assert model.head.draft_counts is not None  # the model drafted
+    model.export_plain(tmp_path / "plain")
+    assert "use_mtp" not in json.loads((tmp_path / "plain" / "generation_config.json").read_text())
+    assert model.generation_config.use_mtp is True
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "plain").eval()
+    assert torch.equal(plain.generate(prompt, **GENERATE), want)
+
+
 def word_tokenizer() -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
