@@ -79,13 +79,17 @@ def options_section(options: dict | None) -> str:
 
 
 def usage_code(repo_id: str, auto_class: str) -> str:
+    """Code that loads and runs the model without the package: both loads need `trust_remote_code`
+    (AutoTokenizer reads the model's config, whose type is this package's, and without the flag stops
+    at transformers' interactive "run the custom code?" prompt)."""
     return f'''from transformers import {auto_class}, AutoTokenizer
 
 # The modelling code travels with the checkpoint: no extra install needed.
 model = {auto_class}.from_pretrained("{repo_id}", trust_remote_code=True)
-# Or, with the hf_outheads package installed, `import hf_outheads` registers the classes and
-# {auto_class}.from_pretrained("{repo_id}") works without remote code.
-tokenizer = AutoTokenizer.from_pretrained("{repo_id}")  # the backbone's tokenizer, uploaded beside the model
+# the backbone's tokenizer, uploaded beside the model (the repository's config names the remote code, hence the flag)
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}", trust_remote_code=True)
+# Or, with the hf_outheads package installed, `import hf_outheads` registers the classes and both
+# calls work without trust_remote_code.
 inputs = tokenizer("The", return_tensors="pt")
 outputs = model.generate(**inputs, max_new_tokens=20)
 print(tokenizer.decode(outputs[0], skip_special_tokens=True))'''
@@ -114,7 +118,8 @@ def build_model_card(model, repo_id: str | None = None, tags: list[str] | None =
         **card_data,
     )
     note = ("The tokenizer is the backbone's: upload it next to the model (`tokenizer.push_to_hub`)." if usage is None
-            else "Without the `hf_outheads` package installed, pass `trust_remote_code=True`: the modelling code is "
+            else "Without the `hf_outheads` package installed, drop `import hf_outheads` and pass `trust_remote_code=True` "
+                 "to both `from_pretrained` calls (the tokenizer's reads the model's config): the modelling code is "
                  "saved with the weights.")
     extra = "".join(f"\n## {title}\n\n{body.strip()}\n" for title, body in (sections or {}).items())
     head_params = sum(p.numel() for p in model.head.parameters())

@@ -1,6 +1,7 @@
 """`push_to_hub` uploads weights, configs, code and a real model card, in one commit. Only
 `HfApi.create_repo` / `HfApi.create_commit` are replaced; everything else runs for real."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,28 @@ def test_model_card_describes_the_model():
     assert "`linear`" in card.text and "`t5`" in card.text and "s(h) = W h + b" in card.text
     assert "AutoModelForSeq2SeqLM.from_pretrained(" in card.text and "trust_remote_code=True" in card.text
     assert f"{sum(p.numel() for p in model.head.parameters()):,}" in card.text
+
+
+def test_the_cards_usage_code_runs_without_the_package_and_without_a_prompt(tmp_path):
+    """Issue 47 item 18: the code loaded the tokenizer without `trust_remote_code=True`; AutoTokenizer
+    reads the folder's config (this package's model type) and stopped at transformers' interactive
+    "run the custom code?" prompt. Run as it is, in a Python that never imports hf_outheads, it now
+    generates without asking."""
+    import re
+    import subprocess
+    import sys
+
+    from test_export_plain import word_tokenizer
+
+    model = tiny_model("gpt2", "drill")
+    model.save_pretrained(tmp_path)
+    word_tokenizer().save_pretrained(tmp_path)
+    code = re.search(r"## Usage\n\n```python\n(.*?)```", model.create_model_card(str(tmp_path)).text, re.S).group(1)
+    code += '\nimport sys\nassert "hf_outheads" not in sys.modules and outputs.shape[1] > inputs["input_ids"].shape[1]\n'
+    done = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Do you wish to run the custom code?" not in done.stdout + done.stderr, done.stdout[-2000:]
 
 
 @pytest.mark.parametrize("head", ["drill", "doc"])
