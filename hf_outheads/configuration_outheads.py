@@ -90,6 +90,8 @@ class OutHeadsConfig(PretrainedConfig):
             )
         self.vocab_size = text.vocab_size
         self.is_encoder_decoder = bool(getattr(text, "is_encoder_decoder", False))
+        if not self.architectures:  # the class that runs this backbone: AutoModel (registered with both) picks by it
+            self.architectures = ["OutHeadsForSeq2SeqLM" if self.is_encoder_decoder else "OutHeadsForCausalLM"]
         if self.hidden_scale is None:
             self.hidden_scale = hidden_scale(text)
         value = self.hidden_scale

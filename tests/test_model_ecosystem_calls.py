@@ -67,6 +67,20 @@ def test_wrong_class_fails_at_load_naming_the_right_one(backbone, auto, right, t
     assert type(AutoModel.from_pretrained(tmp_path)).__name__ == right  # the saved architectures pick it
 
 
+@pytest.mark.parametrize("backbone", ["gpt2", "t5", "bart"])
+def test_automodel_from_config_builds_the_class_of_the_backbone(backbone):
+    """Issue 47 item 19: AutoModel is registered with both classes (a tuple), from which transformers
+    picks by `config.architectures`, else the first (causal) one, which refused an encoder-decoder
+    backbone. A config now names the class of its backbone kind (a given one is kept). With
+    `architectures=None` transformers' pick fails on `None` for its own tuple-mapped configs too
+    (FunnelConfig): upstream."""
+    for extra in ({}, {"architectures": []}):
+        config = OutHeadsConfig(text_config=tiny_config(backbone), head_type="linear", **extra)
+        assert type(AutoModel.from_config(config)) is model_class(backbone)
+    config = OutHeadsConfig(text_config=tiny_config(backbone), architectures=["SomethingElse"])
+    assert config.architectures == ["SomethingElse"]
+
+
 @pytest.mark.parametrize("backbone", ["bart", "llama"])
 def test_wrong_class_fails_when_built_or_converted(backbone):
     wrong = OutHeadsForCausalLM if backbone == "bart" else OutHeadsForSeq2SeqLM
