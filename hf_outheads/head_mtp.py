@@ -187,6 +187,10 @@ class MTPHead(OutputHead):
     def reads_embeddings(self) -> bool:
         return getattr(self.shared, "reads_embeddings", False)
 
+    @property
+    def unlabelled_training_loss(self) -> str:
+        return "its future-token predictors get no loss and do not train (their losses need the labels)"
+
     def bind_input_embeddings(self, module: nn.Module) -> None:
         super().bind_input_embeddings(module)
         self.shared.bind_input_embeddings(module)

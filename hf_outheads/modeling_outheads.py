@@ -11,6 +11,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM,
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.auto import modeling_auto
 from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils import logging
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_outheads import PACKAGE, OutHeadsConfig
@@ -22,6 +23,8 @@ from .integrations import LibraryHooks, effective_embedding_weight, fused_output
 from .model_io import (OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, check_token_ids,
                        embedding_rows, shift_right)
 from .model_card import model_tags
+
+logger = logging.get_logger(__name__)
 
 
 class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
@@ -138,6 +141,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         the extra terms' parts, for logging. `return_logits` (forward argument): None lets the head decide
         (mixture heads return `logits=None` when training with labels), True always computes logits,
         False skips them when labels are given. `token_ids`: the (decoder) input ids, or None."""
+        if labels is None:
+            self._warn_if_training_without_labels()
         hidden = slice_logits_to_keep(last_hidden, logits_to_keep) * self.config.hidden_scale
         # in the final state's dtype: hidden_states[0] of most backbones is `inputs_embeds` as the caller gave it
         # (bf16 rows into an fp32 model), which the backbone's first layer promotes but a head's map would not
@@ -162,6 +167,19 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             if out.aux_loss is not None:  # a per-micro-batch term: this batch's share of the count
                 loss = loss + out.aux_loss * (tokens / count)
         return loss, nll, out.logits, out.aux_loss, out.aux_terms
+
+    def _warn_if_training_without_labels(self) -> None:
+        """Once per process, as transformers warns: a training forward (gradients on) without labels,
+        for a head whose training terms need them (`head.unlabelled_training_loss`). Trainer calls the
+        model so when `label_smoothing_factor` > 0 (or with a `compute_loss_func`): it takes the labels
+        out of the batch and computes the next-token loss from the logits alone."""
+        missed = self.head.unlabelled_training_loss
+        if missed and self.training and torch.is_grad_enabled():
+            logger.warning_once(
+                f"Head '{self.config.head_type}' ran a training forward without labels: {missed}. Trainer takes "
+                "the labels out of the batch when label_smoothing_factor > 0 (or a compute_loss_func is given) and "
+                "computes the next-token loss from the logits alone; with label_smoothing_factor=0 the model gets "
+                "them.")
 
     def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch, token_ids=None):
         """TRL's fused-LM-head call (`fused_lm_head=True`): per-token log-probabilities of the

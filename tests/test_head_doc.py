@@ -136,6 +136,28 @@ def test_a_window_of_copies_trains_as_one_batch_with_the_regulariser_once():
     torch.testing.assert_close(half.aux_loss, alone.aux_loss)  # logged as the batch's own
 
 
+def test_a_training_forward_without_labels_warns_once_that_the_regulariser_is_not_applied(caplog):
+    """Issue 47 item 19: Trainer with `label_smoothing_factor` calls the model without labels (see
+    test_head_mtp); DOC's regulariser needs them. Warned once in training with gradients; never in
+    evaluation, under no_grad (generation) or with regularizer_weight=0."""
+    from transformers.utils import logging as hf_logging
+
+    ids = batch("gpt2")["input_ids"]
+    quiet = tiny_model("gpt2", "doc", {"components": COMPONENTS, "regularizer_weight": 0.0}).train()
+    model = tiny_model("gpt2", "doc", {"components": COMPONENTS})
+    hf_logging.warning_once.cache_clear()
+    with caplog.at_level("WARNING", logger="hf_outheads"):
+        quiet(ids)
+        model(ids)
+        with torch.no_grad():
+            model.train()(ids)
+        assert "without labels" not in caplog.text
+        model(ids)
+        model(ids)
+    warnings = [r.getMessage() for r in caplog.records if "without labels" in r.getMessage()]
+    assert len(warnings) == 1 and "regulariser" in warnings[0] and "label_smoothing_factor" in warnings[0]
+
+
 def test_next_token_labels_is_the_causal_shift():
     labels = torch.tensor([[5, 6, 7], [8, -100, 9]])
     assert next_token_labels(labels).tolist() == [[6, 7, -100], [-100, 9, -100]]

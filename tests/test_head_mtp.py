@@ -385,9 +385,10 @@ def test_training_loop_logs_the_future_losses_apart():
     assert "train_mtp_nll_1" not in (running.add(1.0, None), running.record(1e-3))[1]
 
 
-def test_trainer_trains_the_predictors(tmp_path):
+def test_trainer_trains_the_predictors(tmp_path, caplog):
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
 
     model = mtp_model().train()
     ids = torch.randint(3, VOCAB, (8, 12), generator=torch.Generator().manual_seed(0))
@@ -395,9 +396,34 @@ def test_trainer_trains_the_predictors(tmp_path):
     before = {k: v.clone() for k, v in model.head.predictors.state_dict().items()}
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2,
                              report_to=[], save_strategy="no", logging_steps=1, use_cpu=True)
-    Trainer(model=model, args=args, train_dataset=data).train()
+    hf_logging.warning_once.cache_clear()
+    with caplog.at_level("WARNING", logger="hf_outheads"):
+        Trainer(model=model, args=args, train_dataset=data).train()
     moved = [k for k, v in model.head.predictors.state_dict().items() if not torch.equal(v, before[k])]
     assert len(moved) == len(before)
+    assert "without labels" not in caplog.text  # the labels reached the model
+
+
+def test_trainer_with_label_smoothing_warns_once_that_the_predictors_do_not_train(tmp_path, caplog):
+    """Issue 47 item 19: with `label_smoothing_factor` Trainer takes the labels out of the batch and
+    smooths the next-token loss from the logits, so the predictors, whose losses need the labels,
+    silently did not train. The model now says so, once, naming the option."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    model = mtp_model().train()
+    ids = torch.randint(3, VOCAB, (8, 12), generator=torch.Generator().manual_seed(0))
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    before = {k: v.clone() for k, v in model.head.predictors.state_dict().items()}
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, learning_rate=1e-2,
+                             report_to=[], save_strategy="no", use_cpu=True, label_smoothing_factor=0.1)
+    hf_logging.warning_once.cache_clear()
+    with caplog.at_level("WARNING", logger="hf_outheads"):
+        Trainer(model=model, args=args, train_dataset=data).train()
+    warnings = [r.getMessage() for r in caplog.records if "without labels" in r.getMessage()]
+    assert len(warnings) == 1 and "label_smoothing_factor" in warnings[0] and "predictors" in warnings[0], warnings
+    assert all(torch.equal(v, before[k]) for k, v in model.head.predictors.state_dict().items())
 
 
 @pytest.mark.parametrize("family", sorted(CAUSAL))
