@@ -139,7 +139,7 @@ class FutureDrafts(CandidateGenerator):
     def input_rows(self, ids: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """The input rows of positions [start, stop): `prompt_embeds`' before `offset`, `E`'s rows of the ids after."""
         offset = self.offset
-        rows = F.embedding(ids[:, max(start - offset, 0) : stop - offset], self.embeddings)
+        rows = F.embedding(ids[:, max(start - offset, 0) : max(stop - offset, 0)], self.embeddings)
         if start >= offset:
             return rows
         return torch.cat([self.prompt_embeds[:, start : min(stop, offset)], rows], dim=1)
