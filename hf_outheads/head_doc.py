@@ -100,6 +100,7 @@ class DOCHead(MixtureHead):
         if self.options.regularizer_weight == 0:
             return None
         return "its regulariser of the mixture weights (Eq. 12-13) is not applied (it needs the labels)"
+
     def layer_state(self, inputs: HeadInputs, layer: int) -> torch.Tensor:
         state = super().layer_state(inputs, layer)
         if layer != self.dims.num_layers and self.options.middle_layer_norm:

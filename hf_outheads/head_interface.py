@@ -115,9 +115,9 @@ class OutputHead(nn.Module):
       - `returns_log_probs`: `logits` holds normalised log-probabilities (mixtures).
       - `reads_embeddings`: its scores read the backbone's input embedding matrix `E` (a
         `TiedToEmbeddings` head then shows `E` as its `weight`, which keeps them in one FSDP group).
-      - `unlabelled_training_loss`: what a training forward without labels leaves out (a clause the
-        model's warning quotes: `mtp`'s future-token losses), or None: heads whose training terms
-        beside the next-token loss need the labels.
+      - `unlabelled_training_loss`: for a head whose training terms beside the next-token loss need
+        the labels (`mtp`'s future-token losses, `doc`'s regulariser), what a training forward
+        without labels leaves out, as a clause the model's warning quotes; None for the others.
     A head's dropout is an `nn.Dropout`'s rate `p` (its option sets it), so that what switches
     every dropout off (TRL's `disable_dropout_in_model`, the sharded tests) reaches it.
     Optional training hooks (no-ops here), which training loops call for any head:

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.auto import modeling_auto
-from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_outheads import PACKAGE, OutHeadsConfig
