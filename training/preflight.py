@@ -1,8 +1,11 @@
 """Checks of a training run's options before any work starts (`train.parse_args`), so that a
 wrong option fails with one message once the script is imported, not after the data is tokenised:
 
+- the output folder: never one the run reads from (`check_output_dir`, `hf_outheads.folders`);
 - the backbone: exactly one of `model_preset` (a known preset that fits the task) and
-  `pretrained`, and a tokenizer that can serve it (`auto` needs a pretrained model);
+  `pretrained` (whose config loads), and a tokenizer that can serve it (`auto` needs a pretrained
+  model); lengths (`block_size`, ...) within its positions;
+- a loss kernel the head options name: installed and able to run on this machine (`check_loss_kernel`);
 - the checkpoint the run would resume (`resume: auto` finds the latest in output_dir): one
   written for another head type or backbone family is refused here, naming both. What only
   the built model shows (head options, vocabulary, shapes) is still checked when the
@@ -15,13 +18,16 @@ wrong option fails with one message once the script is imported, not after the d
 from __future__ import annotations
 
 import json
-import os
 
 from transformers import AutoConfig
 
+from hf_outheads.folders import check_target
+from hf_outheads.loss_kernels import PEER_KERNELS, unavailable
+
 from .checkpoints import MARKER, checkpoint_to_resume
-from .launching import check_sharding
-from .modeling import PRESETS, check_backbone
+from .launching import check_sharding, has_accelerator
+from .modeling import PRESETS, check_backbone, check_lengths
+from .tokenization import TRAINABLE
 
 
 def check_tokenizer(options) -> None:
@@ -37,14 +43,56 @@ def check_tokenizer(options) -> None:
         raise ValueError("tokenizer: auto needs a pretrained model; use tokenizer: bpe / wordlevel or a tokenizer path.")
 
 
-def planned_backbone(options) -> str | None:
-    """The backbone family (`model_type`) the run builds, when known without downloading (an
-    hf_outheads folder's config: `import hf_outheads` registered it, through `.modeling`)."""
+def run_sources(options) -> list[str]:
+    """The local paths a run reads besides its config: the pretrained model, a tokenizer folder,
+    the data files."""
+    files = [path for paths in options.data_files.values() for path in (paths if isinstance(paths, list) else [paths])]
+    tokenizer = options.tokenizer if options.tokenizer not in ("auto", *TRAINABLE) else None
+    return [str(path) for path in (options.pretrained, tokenizer, *files) if path is not None]
+
+
+def check_output_dir(options) -> None:
+    """The output_dir is not, does not contain and does not lie inside what the run reads."""
+    check_target(options.output_dir, run_sources(options), what="output_dir")
+
+
+def planned_text_config(options):
+    """The backbone config the run builds, without the tokenizer's sizes and ids: a preset's, or
+    the pretrained model's (a folder, an hf_outheads one too: `import hf_outheads` registered it
+    through `.modeling`; or a Hub id, its config fetched now, so that a wrong one is refused now)."""
     if options.model_preset:
-        return PRESETS[options.model_preset][0]
-    if os.path.isdir(options.pretrained):
-        return AutoConfig.from_pretrained(options.pretrained).get_text_config().model_type
-    return None
+        model_type, fields = PRESETS[options.model_preset]
+        return AutoConfig.for_model(model_type, **{**fields, **options.model_overrides})
+    try:
+        config = AutoConfig.from_pretrained(options.pretrained).get_text_config()
+    except (OSError, ValueError) as error:  # no such folder or Hub id, no network, a broken config.json
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(f"Option pretrained={options.pretrained!r}: its config cannot be loaded ({reason}).") from None
+    for key, value in options.model_overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def planned_backbone(options) -> str:
+    """The backbone family (`model_type`) the run builds."""
+    return planned_text_config(options).model_type
+
+
+def check_loss_kernel(options) -> None:
+    """Every fused-loss kernel the head options name (`loss_kernel`, the shared head's too) can run
+    on this machine, rather than failing at the first training step."""
+    device = "cuda" if has_accelerator() else "cpu"
+    head = options.head_spec()
+    named, todo = [], [head.spelt_out()] if head.head_type else []
+    while todo:  # options, and the options of a head they hold (`mtp`'s shared head)
+        values = todo.pop()
+        named += [values["loss_kernel"]] if "loss_kernel" in values else []
+        todo += [value for value in values.values() if isinstance(value, dict)]
+    for kernel in named:
+        why = unavailable(kernel, device) if kernel in PEER_KERNELS else None
+        if why:
+            raise ValueError(f"Option head_options: the loss kernel {kernel!r} cannot run here: {why}. Use "
+                             "loss_kernel 'auto' (the fastest kernel installed) or 'own'.")
 
 
 def check_checkpoint(options) -> None:
@@ -87,7 +135,10 @@ def check_hub(options) -> None:
 
 def check_run(options) -> None:
     check_sharding()
+    check_output_dir(options)
     check_backbone(options)
     check_tokenizer(options)
+    check_lengths(options, planned_text_config(options))
+    check_loss_kernel(options)
     check_checkpoint(options)
     check_hub(options)
