@@ -273,8 +273,8 @@ QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "
 
 def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path, monkeypatch):
     """From the command line to the head, a run builds its head's options object once, checked when
-    the options are parsed (`HeadSpec`), and the model resolves that object for its sizes: two
-    objects in all, whatever checks the run makes in between."""
+    the options are parsed (`HeadSpec`), and each model built resolves that object for its sizes:
+    the preflight's (a preset's model on the meta device, `check_preset_model`) and the run's."""
     from hf_outheads.head_mos import MoSOptions
     from training.modeling import build_model
     from training.preflight import check_run
@@ -285,9 +285,10 @@ def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path,
                           "--output_dir", str(tmp_path)])
     check_run(opts)
     model = build_model(opts, train_tokenizer(TEXTS, "bpe", 300))
-    assert len(built) == 2 and built[0] is opts.head_spec().options and model.head.options is built[1]
+    assert len(built) == 3 and built[0] is opts.head_spec().options and model.head.options is built[2]
     assert (built[0].num_components, built[0].map_scale) == (2, None)  # as given: defaults come with the sizes
-    assert (built[1].num_components, built[1].map_scale, built[1].resolved_for) == (2, 0.01, model.head.dims)
+    assert (built[2].num_components, built[2].map_scale, built[2].resolved_for) == (2, 0.01, model.head.dims)
+    assert built[1] == built[2]  # the preflight's model: the same options for the same sizes
     opts.head_options = {"num_components": 3}  # changed options: built anew
     assert opts.head_spec().options.num_components == 3
 

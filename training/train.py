@@ -114,9 +114,7 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
                           persistent_workers=options.dataloader_num_workers > 0 and not streaming, **loading)
     eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, **loading)
     gen_dl = None
-    if options.generation_metrics:
-        if options.task != "seq2seq":
-            raise ValueError("generation_metrics (BLEU, chrF, ROUGE) apply to task: seq2seq.")
+    if options.generation_metrics:  # (a seq2seq run's: `preflight.check_generation_metrics`)
         subset = validation
         if options.num_generation_examples is not None:
             subset = validation.take(options.num_generation_examples) if streaming else validation.select(
