@@ -30,8 +30,8 @@ def check_target(target, sources=(), what: str = "The output folder") -> Path:
         how = ("is" if read == resolved else "contains" if resolved in read.parents
                else "lies inside" if read in resolved.parents else None)
         if how:
-            raise TargetIsSource(f"{what} {target} {how} {source}, which this command reads: writing there would replace "
-                             "or mix with what it reads. Give a folder apart from it.")
+            raise TargetIsSource(f"{what} {target} {how} {source}, which this command reads: writing there would "
+                                 "replace or mix with what it reads. Give a folder apart from it.")
     return resolved
 
 
@@ -42,12 +42,13 @@ def not_empty(folder: Path, overwrite_hint: str) -> str | None:
     entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     if entries:
         shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
-        return (f"{folder} is not empty ({len(entries)} entries: {shown}): writing there would leave its files beside the "
-                f"new ones. Give a new or empty folder, or {overwrite_hint} to replace the whole folder.")
+        return (f"{folder} is not empty ({len(entries)} entries: {shown}): writing there would leave its files beside "
+                f"the new ones. Give a new or empty folder, or {overwrite_hint} to replace the whole folder.")
     return None
 
 
-def writable_target(target, *, overwrite: bool = False, sources=(), overwrite_hint: str = "pass overwrite=True") -> Path:
+def writable_target(target, *, overwrite: bool = False, sources=(),
+                    overwrite_hint: str = "pass overwrite=True") -> Path:
     """`target` resolved, once it is known that `staged_folder` may replace it: not a source
     (`check_target`), and empty or absent unless `overwrite`; else `TargetIsSource` or
     `FileExistsError`, which say why and what to do."""

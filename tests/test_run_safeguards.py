@@ -399,9 +399,13 @@ def test_an_export_onto_what_it_reads_is_refused_and_a_replaced_folder_is_the_on
     assert {k: v for k, v in files().items() if not k.startswith("parent/plain/")} == before
 
 
-def test_a_folder_is_swapped_in_whole_or_not_at_all(tmp_path):
+@pytest.mark.parametrize("exchange", [True, False], ids=["one rename", "renamed aside first"])
+def test_a_folder_is_swapped_in_whole_or_not_at_all(tmp_path, monkeypatch, exchange):
+    from hf_outheads import folders
     from hf_outheads.folders import staged_folder
 
+    if not exchange:  # where renameat2 is missing (not Linux) or the filesystem refuses it
+        monkeypatch.setattr(folders, "_exchange", lambda a, b: False)
     target = tmp_path / "target"
     target.mkdir()
     (target / "old.txt").write_text("old")
