@@ -8,8 +8,9 @@
 Each runs a module of `hf_outheads.training` (the repository's `training/` folder, installed under
 the package) as `python -m` would, in this process: `quickstart`, `train`, `export` and `mtp_distill`.
 With no command, or an unknown one, it prints the usage on stderr and exits with status 2, as an
-argparse command does when a required sub-command is missing (TRL's and transformers' CLIs);
-`hf-outheads --help` prints it on stdout with status 0.
+argparse command does when a required sub-command is missing, and as `transformers` and `hf` (the
+Hugging Face CLIs) do (`accelerate` exits 1, `trl` 0); `hf-outheads --help` prints it on stdout with
+status 0.
 `train` is one process; several go through accelerate: `accelerate launch -m hf_outheads.training.train
 ...` (or, in a checkout, `accelerate launch training/train.py ...`). `hf-outheads <command> --help`
 lists a command's options.
