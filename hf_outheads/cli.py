@@ -7,6 +7,10 @@
 
 Each runs a module of `hf_outheads.training` (the repository's `training/` folder, installed under
 the package) as `python -m` would, in this process: `quickstart`, `train`, `export` and `mtp_distill`.
+With no command, or an unknown one, it prints the usage on stderr and exits with status 2, as an
+argparse command does when a required sub-command is missing, and as `transformers` and `hf` (the
+Hugging Face CLIs) do (`accelerate` exits 1, `trl` 0); `hf-outheads --help` prints it on stdout with
+status 0.
 `train` is one process; several go through accelerate: `accelerate launch -m hf_outheads.training.train
 ...` (or, in a checkout, `accelerate launch training/train.py ...`). `hf-outheads <command> --help`
 lists a command's options.
@@ -32,13 +36,22 @@ def usage() -> str:
     return f"usage: hf-outheads <command> [options]\n\ncommands:\n{rows}\n\n`hf-outheads <command> --help` lists its options."
 
 
+def usage_error(message: str) -> SystemExit:
+    """A usage error: the usage and `message` on stderr, exit status 2 (argparse's)."""
+    print(f"{usage()}\n\nhf-outheads: error: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv[:1] in (["-h"], ["--help"]):
         print(usage())
         return
+    if not argv:
+        raise usage_error("a command is required.")
     if argv[0] not in COMMANDS:
-        raise SystemExit(f"hf-outheads: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.")
+        print(f"hf-outheads: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.", file=sys.stderr)
+        raise SystemExit(2)
     missing = [name for name in TRAIN_STACK if importlib.util.find_spec(name) is None]
     if missing:
         raise SystemExit(f"hf-outheads {argv[0]}: error: the training stack is not installed ({', '.join(missing)}): "

@@ -152,6 +152,9 @@ class OutHeadsConfig(PretrainedConfig):
         if self.text_config is None:
             raise ValueError(f"This OutHeadsConfig has no text_config (backbone config). {FROM_BACKBONE}")
         dims, resolved, given = head_dims(self.text_config), self.__dict__.get(_RESOLVED), self.head_options
+        if not isinstance(given, (dict, HeadOptions, type(None))):  # e.g. a hand-edited config.json
+            raise ValueError(f"head_options must be a mapping of option: value (a JSON object in config.json), or the "
+                             f"head's options object; got {given!r}.")
         if isinstance(given, HeadOptions) or resolved is None \
                 or (resolved.head_type, resolved.resolved_for) != (self.head_type, dims) \
                 or dataclasses.asdict(resolved) != given:

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrained
 
 from .backbones import hidden_scale
 from .conversion import backbone_state_dict, load_backbone_state_dict, output_bias_slots, write_lm_head
+from .folders import staged_folder
 from .head_catalog import HEAD_CLASSES
 from .model_card import build_plain_model_card
 
@@ -119,27 +118,6 @@ def mean_kl(model, plain, sequences: list[torch.Tensor]) -> float:
     return total / max(count, 1)
 
 
-def _writable_target(path: str, overwrite: bool) -> None:
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise FileExistsError(f"{path} is a file, not a folder: give a new folder to export to.")
-    if os.path.isdir(path) and os.listdir(path) and not overwrite:
-        raise FileExistsError(
-            f"{path} is not empty ({len(os.listdir(path))} entries): an export there would leave its tokenizer, "
-            "weight index or code files beside the new weights. Give a new or empty folder, or pass overwrite=True "
-            "(on the command line --overwrite) to replace the whole folder.")
-
-
-def _swap_in(written: str, path: str) -> None:
-    """Replace the folder `path` (if any) by the complete folder `written`, a sibling."""
-    if not os.path.exists(path):
-        os.replace(written, path)
-        return
-    old = f"{written}-old"
-    os.replace(path, old)
-    os.replace(written, path)
-    shutil.rmtree(old)
-
-
 def export_plain(model, path, tokenizer=None, *, approximate: bool = False, texts=None, input_ids=None,
                  overwrite: bool = False, repo_id: str | None = None, license: str | None = None,
                  **save_kwargs) -> PlainExport:
@@ -149,9 +127,10 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
     no `hf_outheads`, no remote code. `approximate=True` allows dropping an output bias the
     family cannot hold (it needs `texts` with the tokenizer, or `input_ids`: a list of token id
     sequences, on which the cost is measured as the mean KL divergence). `save_kwargs` go to
-    `save_pretrained` (e.g. `max_shard_size`). A non-empty `path` is refused unless `overwrite`;
-    the export is written to a sibling folder and then swapped in whole, so `path` never holds
-    files of two models. `repo_id` (default: `path`) is what the card's usage code loads,
+    `save_pretrained` (e.g. `max_shard_size`). A non-empty `path` is refused unless `overwrite`, and
+    so is a `path` that is, contains or lies inside the folder the model was loaded from; the export
+    is written to a sibling folder and then swapped in whole (`folders.staged_folder`), so `path`
+    never holds files of two models. `repo_id` (default: `path`) is what the card's usage code loads,
     `license` its license (e.g. the trained model's)."""
     sequences = _sequences(texts, input_ids, tokenizer)
     if approximate and not sequences:
@@ -165,20 +144,13 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
     finally:
         model.train(was_training)
     path = os.path.normpath(os.fspath(path))
-    _writable_target(path, overwrite)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    written = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.export-", dir=os.path.dirname(os.path.abspath(path)))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(written, 0o777 & ~umask)  # as a folder made by makedirs (mkdtemp's is private)
-    try:
+    # the folder the model was loaded from is read: never the target, nor inside it or around it
+    with staged_folder(path, overwrite=overwrite, sources=[model.name_or_path],
+                       overwrite_hint="pass overwrite=True (on the command line --overwrite)") as written:
         plain.save_pretrained(written, **save_kwargs)
         if tokenizer is not None:
             tokenizer.save_pretrained(written)
         result = PlainExport(path, type(plain).__name__, exact, kl)
         card = build_plain_model_card(model, result, repo_id or path, license=license, tokenizer=tokenizer is not None)
         card.save(os.path.join(written, "README.md"))
-        _swap_in(written, path)
-    finally:
-        shutil.rmtree(written, ignore_errors=True)
     return result

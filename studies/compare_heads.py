@@ -17,7 +17,6 @@ N runs train at once, each with `cores / N` torch threads. Written: `results.md`
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shlex
@@ -29,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
-from training.options import parse_options
+from training.options import CONFIG_FILE, parse_options, saved_options
 from training.tracking import RESULTS_FILE, read_metrics
 
 def add_flags(parser):
@@ -63,12 +62,10 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
     """Train one (name, seed) in a subprocess, or reuse its finished results."""
     run_dir = Path(options.output_dir) / name / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-    config.update(head_type=spec[0], head_options=spec[1], head_options_by_head={}, seed=seed,
-                  output_dir=str(run_dir), resume="never", push_to_hub=False)
-    config.pop("overwrite_output_dir")  # on the command line: run_dir is this script's to reuse or replace
-    text = yaml.safe_dump(config, sort_keys=False)
-    config_path, results_path = run_dir / "train_config.yaml", run_dir / RESULTS_FILE
+    config = {**saved_options(options), "head_type": spec[0], "head_options": spec[1], "head_options_by_head": {},
+              "seed": seed, "output_dir": str(run_dir), "resume": "never", "push_to_hub": False}
+    text = yaml.safe_dump(config, sort_keys=False)  # train.py saves the same file when it finishes
+    config_path, results_path = run_dir / CONFIG_FILE, run_dir / RESULTS_FILE
     # the same options in another order (a refactor of an options class) are the same run
     if results_path.exists() and config_path.exists() and yaml.safe_load(config_path.read_text()) == yaml.safe_load(text):
         print(f"=== {name} seed {seed}: reusing {results_path}", flush=True)

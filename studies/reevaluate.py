@@ -1,6 +1,6 @@
 """Evaluate finished runs again with other evaluation options (e.g. beam search), without
-training: each run's saved model, tokenizer and `train_config.yaml` (written by
-`compare_heads.py`), with the given `train.py` options on top.
+training: each run's saved model, tokenizer and `train_config.yaml` (its options, which train.py
+saves with the model and `compare_heads.py` launches it with), with the given `train.py` options on top.
 
     python -m studies.reevaluate outputs/compare_finetune_restore_stdlib/*/seed* --generation_num_beams 4
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import re
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -37,13 +39,22 @@ def command(*argv, cwd, timeout=300):
 
 
 def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
+    """`hf-outheads --help` prints the usage (status 0); no command, or an unknown one, is a usage error:
+    status 2 and the usage or one line on stderr, as an argparse command with a required sub-command."""
     from hf_outheads.cli import main
 
-    main([])
+    main(["--help"])
     usage = capsys.readouterr().out
     assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "export", "mtp-distill")), usage
-    with pytest.raises(SystemExit, match="unknown command 'trian'; choose one of quickstart, train, export, mtp-distill"):
+    with pytest.raises(SystemExit) as error:
+        main([])
+    said = capsys.readouterr()
+    assert error.value.code == 2 and said.out == "" and said.err.startswith(usage.strip())
+    assert said.err.strip().endswith("hf-outheads: error: a command is required.")
+    with pytest.raises(SystemExit) as error:
         main(["trian"])
+    assert error.value.code == 2 and capsys.readouterr().err.strip() == (
+        "hf-outheads: error: unknown command 'trian'; choose one of quickstart, train, export, mtp-distill.")
     scripts = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"hf-outheads": "hf_outheads.cli:main"}
 
@@ -84,11 +95,11 @@ def test_the_scripts_run_by_path_from_the_repository_root_and_from_any_folder(tm
         run = command(*argv, "--help", cwd=cwd, timeout=120)
         assert run.returncode == 0 and "--overwrite_output_dir" in run.stdout, run.stderr[-3000:]
     run = command(ROOT / "training" / "export.py", "missing", "out", cwd=tmp_path, timeout=120)
-    assert run.returncode == 1 and run.stderr.strip() == "Not exported: the folder missing does not exist.", run.stderr
+    assert run.returncode == 2 and run.stderr.strip() == "Not exported: the folder missing does not exist.", run.stderr
     run = command(ROOT / "training" / "mtp_distill.py", "--help", cwd=tmp_path, timeout=120)
     assert run.returncode == 0 and "--max_steps" in run.stdout, run.stderr[-3000:]
     run = command(ROOT / "training" / "mtp_distill.py", str(tmp_path), "--output_dir", "out", cwd=tmp_path, timeout=120)
-    assert run.returncode == 1 and "has no train_config.yaml" in run.stderr, run.stderr[-3000:]
+    assert run.returncode == 2 and "has no train_config.yaml" in run.stderr, run.stderr[-3000:]
 
 
 def test_exporting_a_folder_that_does_not_exist_says_so_in_one_line_without_the_hub(tmp_path, monkeypatch):
@@ -132,3 +143,155 @@ def test_deepspeeds_cpu_notice_is_left_out_of_runs_that_do_not_use_deepspeed():
         assert run.returncode == 0, run.stderr[-3000:]
         assert ("Setting accelerator to CPU" in run.stdout) == (asked and not has_accelerator()), run.stdout  # GPU: none
         assert "another DeepSpeed warning" in run.stdout
+
+
+# (command line, what its one line says); `{tmp}`: the test's folder, holding `tab.yaml` and `broken.yaml`
+BAD_COMMAND_LINES = [
+    (["train", "--bad"], r"hf-outheads train: error: Unknown option\(s\) \['--bad'\] in the command line"),
+    (["train", "--max-steps", "abc"], r"max_steps must be an integer >= 1, got 'abc'"),
+    (["train", "--config", "{tmp}/broken.yaml"], r"--config .*broken.yaml is not valid YAML: .* at line 2, column 1"),
+    (["train", "--config", "{tmp}/tab.yaml"], r"--config .*tab.yaml is not valid YAML: .*\(YAML indents with spaces, not tabs\)"),
+    (["train", "--head_options", "{depth: 2"], r"--head_options \{depth: 2 is not valid YAML"),
+    (["train", "--save_total_limit", "-1"], r"save_total_limit must be an integer >= 1, got -1"),
+    (["train", "--lr_scheduler_type", "cosin"], r"lr_scheduler_type='cosin' is not one of \['linear', 'cosine'"),
+    (["train", "--config", "training/configs/quickstart_lm.yaml", "--pretrained", "no-one/no-model"],
+     r"Option pretrained='no-one/no-model': its config cannot be loaded"),
+    (["train", "--config", "training/configs/quickstart_lm.yaml", "--dataset_name", "null", "--data_files",
+      "{train: gone.txt, validation: gone.txt}"], r"The data_files .*gone.txt.* cannot be loaded: "),
+    (["train", "--config", "training/configs/quickstart_lm.yaml", "--tokenizer", "no-such-folder/"],
+     r"The tokenizer 'no-such-folder/' cannot be loaded: "),
+    (["train", "--config", "training/configs/quickstart_lm.yaml", "--generation_metrics", "[sacrebleu]"],
+     r"Option generation_metrics \(BLEU, chrF, ROUGE\) applies to task: seq2seq"),
+    (["train", "--config", "training/configs/quickstart_seq2seq.yaml", "--generation_metrics", "[bleu]"],
+     r"Option generation_metrics: unknown metric\(s\) \['bleu'\]. Valid metrics: \['chrf', 'rouge', 'sacrebleu'\]"),
+    (["train", "--config", "training/configs/quickstart_lm.yaml", "--model_overrides", "{n_embd: abc}"],
+     r"Option model_overrides=\{'n_embd': 'abc'\}: .*expected int"),
+    (["train", "--config", "training/configs/quickstart_lm.yaml", "--model_overrides", "{n_embd: 30, n_head: 4}"],
+     r"The gpt2-tiny model cannot be built with these options: .*divisible by num_heads"),
+    (["train", "--config", "training/configs/quickstart_lm.yaml", "--head_type", "doc", "--head_options",
+      "{components: [[5, 2]]}"], r"The gpt2-tiny model cannot be built with these options: Head 'doc': layer 5 does not"),
+    (["export", "--bad"], r"hf-outheads export: error: "),
+    (["export", "run", "out", "--approximate"], r"--approximate measures what dropping the bias costs on --text-file"),
+    (["mtp-distill", "--bad"], r"hf-outheads mtp-distill: error: "),
+    (["mtp-distill", "run", "--output_dir", "out", "--prompts", "0"], r"--prompts: must be an integer >= 1, got '0'"),
+    (["quickstart", "--bad"], r"Unknown option\(s\) \['--bad'\] in the command line"),
+    (["quickstart", "--overwrite_output_dir", "maybe"], r"--overwrite_output_dir must be true or false"),
+    (["quickstart", "--block-size", "600"], r"block_size=600 is larger than the gpt2 backbone's 512 positions"),
+]
+
+
+@needs_install
+@pytest.mark.parametrize("argv,said", BAD_COMMAND_LINES, ids=[" ".join(a) for a, _ in BAD_COMMAND_LINES])
+def test_every_command_refuses_a_bad_command_line_in_one_line_with_status_2(argv, said, tmp_path, monkeypatch, capsys):
+    """Issue 47, items 6 and 12: one line on stderr, exit status 2 (argparse's), no traceback, and
+    nothing written; YAML that does not parse (a file, a tab-indented one, a flag's value) is named."""
+    from hf_outheads.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    (tmp_path / "broken.yaml").write_text("max_steps: 2\n- oops\n")
+    (tmp_path / "tab.yaml").write_text("head_options:\n\tdepth: 2\n")
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(SystemExit) as error:
+        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert error.value.code == 2, err
+    assert len(err.splitlines()) == 1 and re.search(said, err), err
+    assert sorted(tmp_path.iterdir()) == before
+
+
+@needs_install
+def test_dashed_spellings_are_accepted_and_every_commands_help_shows_the_defaults(tmp_path, monkeypatch, capsys):
+    """Issue 47, item 12: `--max-steps` is `--max_steps` (as `HfArgumentParser` reads both, and
+    `hf-outheads export` has `--text-file`), and `--help` gives each option's default."""
+    from hf_outheads.cli import main
+    from training.options import parse_options
+    from training.quickstart import parse_args as quickstart_args
+
+    options = parse_options(["--max-steps", "3", "--output-dir", "x", "--head-options", "{depth: 2}", "--head-type",
+                             "drill", "--overwrite-output-dir"])
+    assert (options.max_steps, options.output_dir, options.head_options, options.overwrite_output_dir) == \
+        (3, "x", {"depth": 2}, True)
+    assert quickstart_args(["--output-root", "r", "--overwrite-output-dir", "true"]).output_root == "r"
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    defaults = {"train": ["--max_steps", "(default: None)", "--save_total_limit", "(default: 2)"],
+                "export": ["--overwrite", "(default: False)"],
+                "mtp-distill": ["--prompts", "(default: 512)", "--learning_rate", "(default: 0.001)"],
+                "quickstart": ["--output_root", "(default: outputs)", "--task", "(default: both)"]}
+    for name, (*pairs,) in defaults.items():
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert done.value.code == 0
+        for flag, default in zip(pairs[::2], pairs[1::2]):
+            assert re.search(rf"{re.escape(flag)} \S+ .*?{re.escape(default)}", text) or \
+                re.search(rf"{re.escape(flag)} .*?{re.escape(default)}", text), (name, flag, text[:3000])
+
+
+@pytest.fixture(scope="module")
+def mtp_run(tmp_path_factory):
+    """A tiny `mtp` run that train.py wrote (in process), and a folder of a `tied` model with a
+    train_config.yaml: (mtp run, tied folder)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from tiny import tiny_model
+    from training.options import TrainOptions, check_values
+    from training.train import training_function
+
+    root = tmp_path_factory.mktemp("distill")
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    options = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
+                   dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=60, max_eval_samples=10,
+                   tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=4,
+                   max_steps=2, report_to="jsonl", sample_max_new_tokens=4, head_type="mtp", output_dir=str(root / "mtp"))
+    training_function(check_values(TrainOptions(**options)))
+    tied = root / "tied"
+    tiny_model("gpt2", "tied").save_pretrained(tied)
+    shutil.copy(root / "mtp" / "train_config.yaml", tied)
+    return root / "mtp", tied
+
+
+DISTILL = ["--prompts", "4", "--prompt_tokens", "8", "--new_tokens", "4", "--batch_size", "2", "--max_steps", "2"]
+
+
+def test_mtp_distill_runs_on_a_run_that_train_wrote_and_replaces_only_a_folder_it_is_told_to(mtp_run, tmp_path, capsys):
+    """Issue 47, items 3 and 4: train.py saves its options (train_config.yaml), which mtp-distill reads;
+    a non-empty output_dir (another run) is refused as export refuses it, and replaced whole with
+    --overwrite; the run itself, a folder inside it or around it never."""
+    from transformers import AutoModelForCausalLM
+
+    from training.mtp_distill import main
+    from training.options import parse_options
+
+    run, _ = mtp_run
+    assert parse_options(["--config", str(run / "train_config.yaml")]).head_type == "mtp"
+    main([str(run), "--output_dir", str(tmp_path / "distilled"), *DISTILL])
+    assert json.loads((tmp_path / "distilled" / "distill.json").read_text())["losses_after"]
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "distilled").config.head_type == "mtp"
+    other = tmp_path / "other_run"
+    shutil.copytree(run, other)
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+    capsys.readouterr()
+    for target, flags, said in ((other, [], r"other_run is not empty \(\d+ entries: .*pass --overwrite to replace the "),
+                                (run, ["--overwrite"], r"The output folder .* is .*, which this command reads"),
+                                (run / "distilled", ["--overwrite"], r"The output folder .*distilled lies inside")):
+        with pytest.raises(SystemExit, match=rf"^mtp_distill.py: error: .*{said}") as refused:
+            main([str(run), "--output_dir", str(target), *flags, *DISTILL])
+        assert refused.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
+    main([str(run), "--output_dir", str(other), "--overwrite", *DISTILL])
+    assert sorted(p.name for p in other.iterdir() if not p.name.endswith(".py")) == sorted(
+        p.name for p in (tmp_path / "distilled").iterdir() if not p.name.endswith(".py"))  # no README, metrics, ...
+
+
+def test_mtp_distill_refuses_a_model_that_is_not_mtp_before_generating(mtp_run, tmp_path, monkeypatch, capsys):
+    from training import mtp_distill
+
+    _, tied = mtp_run
+    monkeypatch.setattr(mtp_distill, "greedy_examples", lambda *a, **k: pytest.fail("generated before refusing"))
+    with pytest.raises(SystemExit, match=r"^mtp_distill.py: error: self-distillation trains an `mtp` head's "
+                                         r"future-token predictors; this model's head is 'tied'") as refused:
+        mtp_distill.main([str(tied), "--output_dir", str(tmp_path / "out"), *DISTILL])
+    assert refused.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 with random head weights."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -114,3 +115,22 @@ def test_checkpoint_of_another_head_type_raises(saved_linear, wrong_type, proble
 def test_intact_checkpoint_loads(saved_linear):
     model, info = OutHeadsForCausalLM.from_pretrained(saved_linear, output_loading_info=True)
     assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+
+
+@pytest.mark.parametrize("saved", [[1, 2], "depth: 2", 3])
+def test_a_saved_config_whose_head_options_are_not_a_mapping_is_named(saved_linear, saved, tmp_path_factory):
+    """Issue 47, item 11: a hand-edited config.json; loading names `head_options`, and so does the
+    export command, in one line with status 2."""
+    from training.export import main as export
+
+    config = json.loads((saved_linear / "config.json").read_text())
+    (saved_linear / "config.json").write_text(json.dumps({**config, "head_options": saved}))
+    message = rf"head_options must be a mapping of option: value \(a JSON object in config.json\).*got {re.escape(repr(saved))}"
+    with pytest.raises(ValueError, match=message):
+        AutoModelForCausalLM.from_pretrained(saved_linear)
+    with pytest.raises(ValueError, match=message):
+        OutHeadsConfig(text_config=tiny_config("gpt2"), head_options=saved)
+    plain = tmp_path_factory.mktemp("export") / "plain"
+    with pytest.raises(SystemExit, match=rf"^Not exported: {re.escape(str(saved_linear))} holds no model \({message}") as refused:
+        export([str(saved_linear), str(plain)])
+    assert refused.value.code == 2 and not plain.exists()

@@ -19,15 +19,17 @@ def test_quickstart_runs(tmp_path):
 
 
 def test_training_quickstart_with_a_wrong_option_fails_in_one_message(tmp_path):
-    """`python -m training.quickstart` passes extra options to train.py: a wrong one is one line
-    from train.py and one from the quickstart, with no traceback from it or the launcher."""
+    """`python -m training.quickstart` passes extra options to train.py, which checks them before
+    any task is launched: a wrong one is train.py's one line, exit status 2, no traceback, nothing
+    trained."""
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    run = subprocess.run([sys.executable, "-m", "training.quickstart", "--task", "lm", "--output_root", str(tmp_path),
+    run = subprocess.run([sys.executable, "-m", "training.quickstart", "--output_root", str(tmp_path),
                           "--head_type", "softmaxx"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert "train.py: error: Unknown head type 'softmaxx'" in run.stderr
-    assert run.stderr.strip().splitlines()[-1] == "=== quickstart lm failed (exit status 1)"
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines() == [line for line in run.stderr.strip().splitlines()
+                                               if line.startswith("train.py: error: Unknown head type 'softmaxx'")]
+    assert "=== by hand" not in run.stdout and list(tmp_path.iterdir()) == []
 
 
 def test_the_quickstart_keeps_an_earlier_run_unless_told_to_replace_it(tmp_path):
@@ -40,15 +42,30 @@ def test_the_quickstart_keeps_an_earlier_run_unless_told_to_replace_it(tmp_path)
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     command = [sys.executable, "-m", "training.quickstart", "--output_root", str(tmp_path), "--head_type", "softmaxx"]
     run = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 1 and run.stdout == "", run.stdout  # not even the language model was trained
+    assert run.returncode == 2 and run.stdout == "", run.stdout  # not even the language model was trained
     assert run.stderr.strip() == (f"=== quickstart: {earlier} holds the finished model of an earlier run: this run would "
                                   "replace its weights, card, metrics and checkpoints. Keep it with --output_root "
                                   "<another folder>, or replace it with --overwrite_output_dir true.")
     run = subprocess.run([*command, "--task", "seq2seq", "--overwrite_output_dir", "true"], cwd=root, env=env,
                          capture_output=True, text=True, timeout=300)
     assert f"=== quickstart seq2seq: replacing the earlier run in {earlier} (--overwrite_output_dir true)" in run.stdout
-    assert "--overwrite_output_dir true" in run.stdout.split("=== by hand:")[1].splitlines()[0]
-    assert run.returncode == 1 and "Unknown head type 'softmaxx'" in run.stderr and (earlier / "config.json").exists()
+    assert run.returncode == 2 and "Unknown head type 'softmaxx'" in run.stderr and (earlier / "config.json").exists()
+
+
+def test_the_quickstart_launches_train_py_told_to_replace_the_earlier_run(tmp_path, monkeypatch, capsys):
+    """Its options right, the quickstart launches train.py with --overwrite_output_dir true (by hand too)."""
+    from training import quickstart
+
+    (tmp_path / "quickstart_seq2seq").mkdir()
+    (tmp_path / "quickstart_seq2seq" / "config.json").write_text("{}")
+    launched = []
+    monkeypatch.setattr(quickstart.subprocess, "run", lambda command, **kwargs: launched.append(command) or
+                        subprocess.CompletedProcess(command, 0))
+    quickstart.main(["--task", "seq2seq", "--output_root", str(tmp_path), "--overwrite_output_dir", "true",
+                     "--max_steps", "1"])
+    [command] = launched
+    assert command[-4:] == ["--max_steps", "1", "--overwrite_output_dir", "true"]
+    assert "--overwrite_output_dir true" in capsys.readouterr().out.split("=== by hand:")[1].splitlines()[0]
 
 
 def test_the_quickstart_checks_its_figures_against_the_stated_ones():

@@ -361,3 +361,110 @@ def test_every_cards_usage_snippet_runs(trained, tmp_path):
     assert "<namespace>" not in card and "license: apache-2.0" in card
     [code] = snippets(card)
     assert run_snippet(code, tmp_path).strip()
+
+
+# an export onto its source, around it or inside it (issue 47, item 1)
+def test_an_export_onto_what_it_reads_is_refused_and_a_replaced_folder_is_the_only_one_touched(trained, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from hf_outheads.folders import TargetIsSource
+
+    out, _ = trained
+    parent, link = tmp_path / "parent", tmp_path / "link"
+    run = parent / "run"
+    shutil.copytree(out, run)
+    (parent / "sibling").mkdir()
+    (parent / "sibling" / "notes.txt").write_text("mine")
+    link.symlink_to(run, target_is_directory=True)
+
+    def files():
+        return {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    before = files()
+    for target, how in ((run, "is"), (link, "is"), (parent, "contains"), (run / "plain", "lies inside")):
+        with pytest.raises(SystemExit, match=rf"^Not exported: The output folder {re.escape(str(target))} {how} "
+                                             rf"{re.escape(str(run))}, which this command reads") as refused:
+            export_cli(run, target, "--overwrite")
+        assert refused.value.code == 2
+        assert files() == before and sorted(p.name for p in tmp_path.iterdir()) == ["link", "parent"]
+    model = AutoModelForCausalLM.from_pretrained(link)  # the library's export: the folder it was loaded from
+    with pytest.raises(TargetIsSource, match="is .*which this command reads"):
+        model.export_plain(run, overwrite=True)
+    target = parent / "plain"  # a folder apart: replaced whole, nothing beside it touched
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    export_cli(run, target, "--overwrite")
+    assert not (target / "old.txt").exists() and (target / "config.json").is_file()
+    assert sorted(p.name for p in parent.iterdir()) == ["plain", "run", "sibling"]
+    assert {k: v for k, v in files().items() if not k.startswith("parent/plain/")} == before
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["one rename", "renamed aside first"])
+def test_a_folder_is_swapped_in_whole_or_not_at_all(tmp_path, monkeypatch, exchange):
+    from hf_outheads import folders
+    from hf_outheads.folders import staged_folder
+
+    if not exchange:  # where renameat2 is missing (not Linux) or the filesystem refuses it
+        monkeypatch.setattr(folders, "_exchange", lambda a, b: False)
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError, match="failed half-way"):
+        with staged_folder(target, overwrite=True) as written:
+            (written / "new.txt").write_text("new")
+            raise RuntimeError("failed half-way")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"] and [p.name for p in target.iterdir()] == ["old.txt"]
+    with pytest.raises(FileExistsError, match=r"target is not empty \(1 entries: old.txt\).*pass overwrite=True"):
+        with staged_folder(target):
+            raise AssertionError("never entered")
+    with staged_folder(target, overwrite=True) as written:
+        (written / "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"] and [p.name for p in target.iterdir()] == ["new.txt"]
+
+
+# a run or the quickstart writing into what it reads (issue 47: the rule of every command)
+def test_a_run_and_the_quickstart_never_write_into_what_they_read(tmp_path, capsys):
+    from training.quickstart import main as quickstart
+    from training.train import parse_args
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.txt").write_text("some text\n" * 50)
+    data = f"{{train: {out / 'train.txt'}, validation: {out / 'train.txt'}}}"
+    base = ["--config", str(QUICKSTART_LM), "--dataset_name", "null", "--data_files", data]
+    with pytest.raises(SystemExit, match=rf"output_dir {re.escape(str(out))} contains {re.escape(str(out / 'train.txt'))}, "
+                                         "which this command reads") as refused:
+        parse_args([*base, "--output_dir", str(out), "--overwrite_output_dir", "true"])
+    assert refused.value.code == 2
+    with pytest.raises(SystemExit, match=rf"output_dir {re.escape(str(out / 'sub'))} lies inside {re.escape(str(out))}"):
+        parse_args(["--config", str(QUICKSTART_LM), "--pretrained", str(out), "--output_dir", str(out / "sub")])
+    root = tmp_path / "root"
+    (root / "quickstart_lm").mkdir(parents=True)
+    (root / "quickstart_lm" / "train.txt").write_text("some text\n" * 50)
+    data = f"{{train: {root / 'quickstart_lm' / 'train.txt'}, validation: {root / 'quickstart_lm' / 'train.txt'}}}"
+    with pytest.raises(SystemExit, match=r"output_dir .*quickstart_lm contains .*train.txt, which this command reads"):
+        quickstart(["--task", "lm", "--output_root", str(root), "--overwrite_output_dir", "true", "--dataset_name", "null",
+                    "--data_files", data])
+    assert [p.name for p in out.iterdir()] == ["train.txt"] and [p.name for p in (root / "quickstart_lm").iterdir()] == \
+        ["train.txt"]
+    assert "=== by hand" not in capsys.readouterr().out  # nothing launched
+
+
+# a lock file this script did not write (issue 47, item 8)
+@pytest.mark.parametrize("content", ["[1, 2]", '{"pid": "abc", "host": "here"}', '{"pid": 5}', '"text"'])
+def test_a_corrupt_lock_file_is_named_with_what_to_do_and_nothing_is_written(tmp_path, content, capsys):
+    from training.safeguards import LOCK_FILE
+    from training.train import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_FILE).write_text(content)
+    argv = [f"--{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in TINY.items()] + [f"--output_dir={out}"]
+    AcceleratorState._reset_state(True)
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"train.py: error: The lock file {out / LOCK_FILE} holds ") and err.endswith(
+        f"If none is, delete {out / LOCK_FILE}."), err
+    assert [p.name for p in out.iterdir()] == [LOCK_FILE] and (out / LOCK_FILE).read_text() == content

@@ -382,3 +382,128 @@ def test_a_second_two_process_launch_on_the_output_dir_of_a_running_one_is_refus
     assert [r["event"] for r in records if "event" in r] == ["start", "final"]
     assert records[0]["num_processes"] == 2 and (out / "model.safetensors").is_file()
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["checkpoint_4"] and not (out / LOCK_FILE).exists()
+
+
+# save_total_limit (issue 47, item 2)
+@pytest.mark.parametrize("value", [-1, 0, 1.5, True, "all"])
+def test_save_total_limit_is_a_positive_integer_or_null(value):
+    """As transformers' TrainingArguments: None keeps every checkpoint, a positive integer that many;
+    anything else is refused when parsed (-1 used to delete every checkpoint, the run's too)."""
+    with pytest.raises(ValueError, match=rf"Option save_total_limit must be an integer >= 1, got {value!r}"):
+        check_values(TrainOptions(**{**TINY, "save_total_limit": value}))
+    assert check_values(TrainOptions(**{**TINY, "save_total_limit": None})).save_total_limit is None
+
+
+def test_the_checkpoint_just_saved_is_never_rotated_away(tmp_path):
+    """A run resumed from an earlier checkpoint than the latest saves one that is not the newest
+    by step; the rotation keeps it (and resume: auto then continues this run, not the other one)."""
+    out, _ = interrupted_run(tmp_path, save_total_limit=None)
+    run(out, stop_after_steps=4, save_total_limit=None)
+    assert [p.name for p in checkpoints.complete_checkpoints(out)] == ["checkpoint_2", "checkpoint_4"]
+    run(out, resume=str(out / "checkpoints" / "checkpoint_2"), stop_after_steps=3, save_steps=1, save_total_limit=1)
+    assert [p.name for p in checkpoints.complete_checkpoints(out)] == ["checkpoint_3"]
+
+
+# streamed data (issue 47, item 5)
+def jsonl_data(folder: Path, task: str) -> dict:
+    """Options of local JSON-lines files: causal text from the built-in corpus, or reversal pairs."""
+    from training.stdlib_corpus import build_records
+
+    if task == "causal_lm":
+        texts = [row["text"] for row in build_records("text")["train"][:160]]
+        rows = {"train": [{"text": t} for t in texts[:140]], "validation": [{"text": t} for t in texts[140:]]}
+    else:
+        words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+        pairs = [{"source": " ".join(words[(i + j) % 10] for j in range(4)),
+                  "target": " ".join(words[(i + j) % 10] for j in (3, 2, 1, 0))} for i in range(40)]
+        rows = {"train": pairs[:30], "validation": pairs[30:]}
+    for split, records in rows.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = {"dataset_name": None, "data_files": {split: str(folder / f"{split}.jsonl") for split in rows}}
+    if task == "seq2seq":
+        data.update(task="seq2seq", model_preset="t5-tiny", tokenizer="wordlevel", tokenizer_vocab_size=14,
+                    tokenizer_min_frequency=1, max_source_length=8, max_target_length=8,
+                    model_overrides={"d_model": 32, "d_ff": 64, "d_kv": 8, "num_layers": 1, "num_heads": 2},
+                    generation_metrics=["sacrebleu"], num_generation_examples=4)
+    return data
+
+
+@pytest.mark.parametrize("source", ["causal_jsonl", "seq2seq_jsonl", "builtin"])
+def test_streamed_data_trains_end_to_end_in_one_process(tmp_path, source):
+    data = {} if source == "builtin" else jsonl_data(tmp_path, source.split("_")[0].replace("causal", "causal_lm"))
+    out = tmp_path / "out"
+    results = run(out, streaming=True, eval_steps=2, **data)
+    assert results["eval_perplexity"] > 1 and (out / "model.safetensors").is_file()
+    assert [p.name for p in checkpoints.complete_checkpoints(out)] == ["checkpoint_4"]
+    assert [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r] \
+        == [2, 4]
+
+
+def test_streamed_data_trains_end_to_end_in_two_processes(tmp_path):
+    start, stderr = launch(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29551"], "streamed",
+                           streaming=True, max_steps=3, num_train_epochs=None, **jsonl_data(tmp_path, "causal_lm"))
+    assert start["num_processes"] == 2 and start["max_steps"] == 3 and start["validation_examples"] is None
+    assert (tmp_path / "streamed" / "model.safetensors").is_file() and "Traceback" not in stderr
+
+
+# data with no text (issue 47, items 9 and 10): one line, naming the file and line, nothing written
+def test_a_data_file_without_text_is_named_and_nothing_is_written(tmp_path, capsys):
+    from training.train import main
+
+    def refused(*flags):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        argv = [f"--{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in TINY.items()]
+        with pytest.raises(SystemExit) as error:
+            main([*argv, "--dataset_name=null", f"--output_dir={tmp_path / 'out'}", *flags])
+        err = capsys.readouterr().err.strip()
+        said = [line for line in err.splitlines() if "error" in line.lower() or "Traceback" in line]
+        assert error.value.code == 2 and said == err.splitlines()[-1:], err  # besides datasets' progress bars
+        assert not (tmp_path / "out").exists()  # not even the folder
+        return said[0]
+
+    (tmp_path / "empty.txt").write_text("\n\n  \n")
+    (tmp_path / "some.txt").write_text("some text here\n")
+    for kind in ("bpe", "wordlevel"):
+        assert refused(f"--tokenizer={kind}", f"--data_files={{train: {tmp_path / 'empty.txt'}, validation: "
+                       f"{tmp_path / 'some.txt'}}}") == (
+            f"train.py: error: The 'train' split holds no text: field 'text' is empty or blank in each of its 3 "
+            f"records ({tmp_path / 'empty.txt'}). Give data with text.")
+    (tmp_path / "records.jsonl").write_text('{"text": "a b c"}\n\n{"body": "d e"}\n')
+    (tmp_path / "some.jsonl").write_text('{"text": "some text here"}\n')
+    said = refused(f"--data_files={{train: {tmp_path / 'records.jsonl'}, validation: {tmp_path / 'some.jsonl'}}}")
+    assert said.startswith(f"train.py: error: {tmp_path / 'records.jsonl'}, line 3: field 'text' is missing or not text")
+
+
+# lengths against the backbone's positions (issue 47, item 11)
+def test_a_block_longer_than_the_models_positions_is_refused_when_parsed(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from training.train import parse_args
+
+    base = ["--config", str(ROOT / "training" / "configs" / "quickstart_lm.yaml"), "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match=r"block_size=600 is larger than the gpt2 backbone's 512 positions: lower "
+                                         r"block_size to at most 512, or give the preset more positions") as refused:
+        parse_args([*base, "--block_size", "600"])
+    assert refused.value.code == 2
+    assert parse_args([*base, "--block_size", "600", "--model_overrides", "{n_positions: 600}"]).block_size == 600
+    GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=300, n_positions=64)).save_pretrained(
+        tmp_path / "small")
+    with pytest.raises(SystemExit, match=r"block_size=128 is larger than the gpt2 backbone's 64 positions"):
+        parse_args([*base, "--pretrained", str(tmp_path / "small"), "--block_size", "128"])
+    assert not (tmp_path / "out").exists()
+
+
+# a loss kernel that cannot run here (issue 47, item 7)
+@pytest.mark.skipif(not __import__("hf_outheads.loss_kernels", fromlist=["x"]).unavailable(
+    "liger", "cuda" if has_accelerator() else "cpu"), reason="Liger-Kernel can run here")
+@pytest.mark.parametrize("head_flags", [["--head_options", "{training_loss: chunked, loss_kernel: liger}"],
+                                        ["--head_type", "mtp", "--head_options", "{head_options: {loss_kernel: liger}}"]])
+def test_a_loss_kernel_that_cannot_run_here_is_refused_when_parsed(tmp_path, head_flags):
+    from training.train import parse_args
+
+    argv = ["--config", str(ROOT / "training" / "configs" / "quickstart_lm.yaml"), "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match=r"train.py: error: Option head_options: the loss kernel 'liger' cannot run "
+                                         r"here: .*Use loss_kernel 'auto'") as refused:
+        parse_args([*argv, *head_flags])
+    assert refused.value.code == 2 and not (tmp_path / "out").exists()

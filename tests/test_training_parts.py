@@ -242,7 +242,7 @@ def test_pretrained_checkpoint_is_converted_with_the_configured_head(tmp_path):
     original = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=300, n_positions=32)).eval()
     original.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    opts = options(pretrained=str(tmp_path), head_type="bilinear", tokenizer="auto", dropout=0.0)
+    opts = options(pretrained=str(tmp_path), head_type="bilinear", tokenizer="auto", dropout=0.0, block_size=32)
     model = build_model(opts, load_pretrained_tokenizer(str(tmp_path))).eval()
     assert model.config.head_type == "bilinear" and model.config.text_config.resid_pdrop == 0.0
     ids = torch.randint(0, 300, (1, 6))
@@ -273,8 +273,8 @@ QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "
 
 def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path, monkeypatch):
     """From the command line to the head, a run builds its head's options object once, checked when
-    the options are parsed (`HeadSpec`), and the model resolves that object for its sizes: two
-    objects in all, whatever checks the run makes in between."""
+    the options are parsed (`HeadSpec`), and each model built resolves that object for its sizes:
+    the preflight's (a preset's model on the meta device, `check_preset_model`) and the run's."""
     from hf_outheads.head_mos import MoSOptions
     from training.modeling import build_model
     from training.preflight import check_run
@@ -285,9 +285,10 @@ def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path,
                           "--output_dir", str(tmp_path)])
     check_run(opts)
     model = build_model(opts, train_tokenizer(TEXTS, "bpe", 300))
-    assert len(built) == 2 and built[0] is opts.head_spec().options and model.head.options is built[1]
+    assert len(built) == 3 and built[0] is opts.head_spec().options and model.head.options is built[2]
     assert (built[0].num_components, built[0].map_scale) == (2, None)  # as given: defaults come with the sizes
-    assert (built[1].num_components, built[1].map_scale, built[1].resolved_for) == (2, 0.01, model.head.dims)
+    assert (built[2].num_components, built[2].map_scale, built[2].resolved_for) == (2, 0.01, model.head.dims)
+    assert built[1] == built[2]  # the preflight's model: the same options for the same sizes
     opts.head_options = {"num_components": 3}  # changed options: built anew
     assert opts.head_spec().options.num_components == 3
 
@@ -327,7 +328,8 @@ def test_wrong_run_options_fail_when_parsed_with_one_message(tmp_path):
     base = ["--config", str(QUICKSTART_LM), "--output_dir", str(tmp_path)]
     with pytest.raises(SystemExit) as error:
         parse_args([*base, "--head_type", "mos"])
-    message = str(error.value.code)
+    message = str(error.value)
+    assert error.value.code == 2  # a usage error's status, as argparse's
     assert f"The checkpoint {checkpoint} belongs to another model" in message
     assert "head 'tied' on a gpt2 backbone" in message and "head 'mos' on a gpt2 backbone" in message
     assert "--resume never" in message
@@ -340,7 +342,7 @@ def test_wrong_run_options_fail_when_parsed_with_one_message(tmp_path):
     done = subprocess.run([sys.executable, "-m", "training.train", *base, "--head_type", "mos"], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith("train.py: error: The checkpoint"), done.stderr[-2000:]
 
 
@@ -355,7 +357,7 @@ def test_a_wrong_typed_head_option_fails_in_one_line_before_anything_is_written(
                "--head_type", "drill", "--head_options", "{depth: two}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.returncode == 2, done.stderr[-2000:]  # argparse's status for a usage error
     assert done.stderr.strip().splitlines() == [
         "train.py: error: Head 'drill': option 'depth' must be an integer >= 0, got 'two'."], done.stderr[-2000:]
     assert not output_dir.exists()

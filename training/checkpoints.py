@@ -6,9 +6,10 @@ weights as safetensors; optimizer, schedule and RNG states as `torch.save` files
 `weights_only=True`) plus `checkpoint.json`, written last: the run's progress and the model's
 identity. A checkpoint is saved into `checkpoints/tmp-checkpoint_<step>`, completed by
 `checkpoint.json`, then renamed (`os.replace`); only then are the oldest complete checkpoints
-beyond `save_total_limit` deleted. A folder without `checkpoint.json` (a save killed half-way,
-a stale `tmp-*`) is never resumed from and never counts towards the limit. A save that fails
-is removed; on a full disk the error says so and where (`safeguards.disk_full_error`).
+beyond `save_total_limit` (an integer >= 1, or None: all kept) deleted, never the one just saved.
+A folder without `checkpoint.json` (a save killed half-way, a stale `tmp-*`) is never resumed
+from and never counts towards the limit. A save that fails is removed; on a full disk the error
+says so and where (`safeguards.disk_full_error`).
 Rotation is ours, not `ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=...)`:
 accelerate saves in place and deletes by folder count, so a killed save would be resumed from.
 """
@@ -114,8 +115,8 @@ def save_checkpoint(accelerator, model, output_dir, progress: dict, total_limit:
             shutil.rmtree(old)
         else:
             os.replace(tmp, final)
-        complete = complete_checkpoints(output_dir)
-        for stale in complete[: max(len(complete) - total_limit, 0)] if total_limit else []:
+        others = [path for path in complete_checkpoints(output_dir) if path != final]
+        for stale in others[: max(len(others) + 1 - total_limit, 0)] if total_limit else []:  # the oldest
             shutil.rmtree(stale)
     accelerator.wait_for_everyone()
     return final

@@ -1,11 +1,13 @@
 """Datasets for training: load (Hub, local files, built-in stdlib corpus, streaming),
-check columns and splits, tokenise with `map(batched=True)`, group causal-LM text into blocks."""
+check columns, records and splits, tokenise with `map(batched=True)`, group causal-LM text into blocks."""
 
 from __future__ import annotations
 
 import os
 from itertools import chain
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, IterableDataset, IterableDatasetDict, load_dataset
 
 from .manpages_corpus import load_manpages_dataset
@@ -49,10 +51,18 @@ def load_raw(options):
         return _to_iterable(raw) if options.streaming else raw
     if options.data_files:
         _check_files_not_empty(options.data_files)
-        return load_dataset(_file_format(options.data_files), data_files=options.data_files, streaming=options.streaming)
-    if options.dataset_name:
-        return load_dataset(options.dataset_name, options.dataset_config, streaming=options.streaming)
-    raise ValueError("Set dataset_name (a Hub dataset or 'stdlib_docstrings') or data_files.")
+        arguments, what = (_file_format(options.data_files),), f"data_files {options.data_files}"
+        keywords = {"data_files": options.data_files}
+    elif options.dataset_name:
+        arguments, what = (options.dataset_name, options.dataset_config), f"dataset_name {options.dataset_name!r}"
+        keywords = {}
+    else:
+        raise ValueError("Set dataset_name (a Hub dataset or 'stdlib_docstrings') or data_files.")
+    try:
+        return load_dataset(*arguments, streaming=options.streaming, **keywords)
+    except (OSError, ValueError) as error:  # no such file or dataset, no network, ...: said in one line
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(f"The {what} cannot be loaded: {reason}") from error
 
 
 def _to_iterable(splits):
@@ -65,8 +75,9 @@ def select_splits(raw, options) -> tuple:
         raise ValueError(f"The dataset has no split '{options.train_split}'; it has {list(raw)}.")
     train = raw[options.train_split]
     require_columns(train, needed_columns(options))  # before a tokenizer is trained on them
+    train = checked_records(train, options, options.train_split)
     if options.validation_split in raw:
-        validation = raw[options.validation_split]
+        validation = checked_records(raw[options.validation_split], options, options.validation_split)
     elif isinstance(train, IterableDataset):
         raise ValueError(f"No split '{options.validation_split}' (splits: {list(raw)}); streaming cannot hold one out.")
     else:
@@ -103,6 +114,62 @@ def require_columns(split, columns: list[str]) -> None:
                          "source_column / target_column (or source_lang / target_lang for translation data).")
 
 
+def text_columns(options) -> list[str]:
+    """The columns whose every record must hold text (a translation pair's languages are not checked)."""
+    return [] if options.task != "causal_lm" and options.source_lang else needed_columns(options)
+
+
+def record_place(options, split_name: str, index: int) -> str:
+    """Where record `index` of a split is, in words: its line when the split is one local text or
+    JSON-lines file (a text file's every line is a record, a JSON-lines file's every non-blank line),
+    else its number and the split's files."""
+    files = options.data_files.get(split_name)
+    files = [str(path) for path in (files if isinstance(files, list) else [files] if files else [])]
+    place = f"record {index + 1} of the {split_name!r} split" + (f" ({', '.join(files)})" if files else "")
+    suffix = os.path.splitext(files[0])[1] if len(files) == 1 and os.path.isfile(files[0]) else None
+    if suffix not in (".txt", ".text", ".jsonl"):
+        return place
+    with open(files[0], encoding="utf-8", errors="replace") as handle:
+        lines = [number for number, line in enumerate(handle, 1) if suffix != ".jsonl" or line.strip()]
+    return f"{files[0]}, line {lines[index]}" if index < len(lines) else place
+
+
+def not_text(options, split_name: str, column: str, index: int, value) -> ValueError:
+    return ValueError(f"{record_place(options, split_name, index)}: field {column!r} is missing or not text "
+                      f"({value!r}); every record needs its text there. Fix the record, or name the field that holds "
+                      "the text with text_column / source_column / target_column.")
+
+
+def checked_records(split, options, split_name: str):
+    """`split`, each record of which holds a string in the run's text columns (`text_columns`): a
+    Dataset is checked now, and must hold some non-blank text; a stream as it is read. A ValueError
+    names the file and line (or the record) and the field."""
+    columns = text_columns(options)
+    if isinstance(split, IterableDataset):
+        def check(batch, indices):
+            for column in columns:
+                for value, index in zip(batch[column], indices):
+                    if not isinstance(value, str):
+                        raise not_text(options, split_name, column, index, value)
+            return batch
+
+        return split.map(check, batched=True, with_indices=True) if columns else split
+    for column in columns:
+        values = split.with_format("arrow")[column]
+        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type) or pa.types.is_null(values.type)):
+            raise ValueError(f"Field {column!r} of the {split_name!r} split holds {values.type} values, not text "
+                             f"(the first: {values[0].as_py()!r}). Name the field that holds the text with "
+                             "text_column / source_column / target_column.")
+        missing = pc.index(pc.is_null(values), True).as_py()
+        if missing >= 0:
+            raise not_text(options, split_name, column, missing, None)
+        if len(values) and not pc.max(pc.utf8_length(pc.utf8_trim_whitespace(values))).as_py():  # (none: 'is empty')
+            files = options.data_files.get(split_name)
+            raise ValueError(f"The {split_name!r} split holds no text: field {column!r} is empty or blank in each of its "
+                             f"{len(values)} records{f' ({files})' if files else ''}. Give data with text.")
+    return split
+
+
 def training_texts(split, options):
     """Texts a tokenizer is trained on: the causal-LM text, or both seq2seq sides."""
     for example in split:
@@ -136,8 +203,9 @@ def causal_lm_dataset(split, tokenizer, options):
     require_columns(split, needed_columns(options))
     block, eos = options.block_size, tokenizer.eos_token_id
 
-    def tokenise_and_group(batch):
-        ids = [_with_eos(i, eos) for i in tokenizer(batch[options.text_column], add_special_tokens=False)["input_ids"]]
+    def tokenise_and_group(batch):  # whole documents (no length warning: they are cut into blocks here)
+        texts = tokenizer(batch[options.text_column], add_special_tokens=False, verbose=False)["input_ids"]
+        ids = [_with_eos(i, eos) for i in texts]
         stream = list(chain.from_iterable(ids))
         blocks = [stream[i:i + block] for i in range(0, len(stream) - block + 1, block)]
         return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
@@ -150,10 +218,10 @@ def seq2seq_dataset(split, tokenizer, options):
     require_columns(split, needed_columns(options))
     eos = tokenizer.eos_token_id
 
-    def tokenise(batch):
+    def tokenise(batch):  # whole texts (no length warning: truncated here)
         pairs = [_source_target(dict(zip(batch, values)), options) for values in zip(*batch.values())]
-        sources = tokenizer([s for s, _ in pairs], add_special_tokens=False)["input_ids"]
-        targets = tokenizer([t for _, t in pairs], add_special_tokens=False)["input_ids"]
+        sources = tokenizer([s for s, _ in pairs], add_special_tokens=False, verbose=False)["input_ids"]
+        targets = tokenizer([t for _, t in pairs], add_special_tokens=False, verbose=False)["input_ids"]
         return {"input_ids": [_with_eos(s[: options.max_source_length - 1], eos) for s in sources],
                 "labels": [_with_eos(t[: options.max_target_length - 1], eos) for t in targets]}
 

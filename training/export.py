@@ -17,7 +17,6 @@ from __future__ import annotations
 if not __package__:  # run by path (`python training/export.py`): its modules are the installed package's
     __package__ = "hf_outheads.training"
 
-import argparse
 import dataclasses
 import json
 import os
@@ -27,7 +26,9 @@ from pathlib import Path
 from transformers import AutoConfig
 
 import hf_outheads
+from hf_outheads.folders import TargetIsSource, writable_target
 
+from .command_line import CommandParser, refuse
 from .tokenization import load_saved_tokenizer
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # the Hub's namespace/name
@@ -43,14 +44,14 @@ def looks_local(name: str) -> bool:
 def load_config(trained_dir: str):
     """The model's config from a folder, or from the Hub for a repo id; anything else is one line."""
     if not Path(trained_dir).exists() and looks_local(trained_dir):
-        raise SystemExit(f"Not exported: the folder {trained_dir} does not exist.")
+        raise refuse(f"Not exported: the folder {trained_dir} does not exist.")
     try:
         return AutoConfig.from_pretrained(trained_dir)
     except (OSError, ValueError) as error:  # no model config there, or a repo id the Hub lacks (or cannot be reached)
         reason = str(error).strip().splitlines()[0]
         if Path(trained_dir).exists():
-            raise SystemExit(f"Not exported: {trained_dir} holds no model ({reason}).") from None
-        raise SystemExit(f"Not exported: {trained_dir} is no folder here, and loading it from the Hub failed "
+            raise refuse(f"Not exported: {trained_dir} holds no model ({reason}).") from None
+        raise refuse(f"Not exported: {trained_dir} is no folder here, and loading it from the Hub failed "
                          f"({reason}).") from None
 
 
@@ -58,13 +59,18 @@ def load(trained_dir: str):
     """(model, tokenizer or None) from an hf_outheads folder, in eval mode."""
     config = load_config(trained_dir)
     if not isinstance(config, hf_outheads.OutHeadsConfig):
-        raise SystemExit(f"{trained_dir} holds a '{config.model_type}' model, not an hf_outheads one: nothing to export.")
+        raise refuse(f"Not exported: {trained_dir} holds a '{config.model_type}' model, not an hf_outheads one: "
+                     "nothing to export.")
     model_class = hf_outheads.OutHeadsForSeq2SeqLM if config.is_encoder_decoder else hf_outheads.OutHeadsForCausalLM
     try:
         tokenizer = load_saved_tokenizer(trained_dir)  # None: no tokenizer saved with the model
     except ValueError as error:
-        raise SystemExit(f"Not exported: {error}") from None
-    return model_class.from_pretrained(trained_dir).eval(), tokenizer
+        raise refuse(f"Not exported: {error}") from None
+    try:
+        return model_class.from_pretrained(trained_dir).eval(), tokenizer
+    except (OSError, ValueError) as error:  # weights missing, damaged or of another head
+        raise refuse(f"Not exported: the model in {trained_dir} does not load: {str(error).strip().splitlines()[0]}") \
+            from None
 
 
 def card_license(trained_dir: str) -> str | None:
@@ -76,26 +82,36 @@ def card_license(trained_dir: str) -> str | None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__)
     parser.add_argument("trained_dir", help="folder of a trained hf_outheads model (save_pretrained)")
     parser.add_argument("out_dir", help="folder to write the plain transformers model to")
     parser.add_argument("--approximate", action="store_true",
                         help="drop an output bias the backbone's class cannot hold (needs --text-file)")
-    parser.add_argument("--text-file", help="text, one sequence per line, on which to measure the mean KL divergence")
+    parser.add_argument("--text-file", help="text, one sequence per line, on which to measure the mean KL divergence "
+                                            "(needed by --approximate)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace out_dir when it is not empty (the whole folder, swapped in once written)")
     args = parser.parse_args(argv)
+    if args.approximate and not args.text_file:
+        parser.error("--approximate measures what dropping the bias costs on --text-file FILE: give it.")
+    if args.text_file and not Path(args.text_file).is_file():
+        parser.error(f"--text-file {args.text_file}: no such file.")
+    try:  # before the model is loaded; export_plain checks again (the same rule) as it writes
+        writable_target(args.out_dir, overwrite=args.overwrite, sources=[args.trained_dir],
+                        overwrite_hint="pass --overwrite")
+    except (FileExistsError, TargetIsSource) as error:
+        raise refuse(f"Not exported: {error}") from None
     model, tokenizer = load(args.trained_dir)
     texts = None
     if args.text_file:
-        texts = [line for line in Path(args.text_file).read_text().splitlines() if line.strip()]
+        texts = [line for line in Path(args.text_file).read_text(errors="replace").splitlines() if line.strip()]
     try:
         result = model.export_plain(args.out_dir, tokenizer, approximate=args.approximate, texts=texts,
                                     overwrite=args.overwrite, license=card_license(args.trained_dir))
-    except FileExistsError as error:
-        raise SystemExit(f"Not exported: {error}") from None
+    except (FileExistsError, TargetIsSource) as error:
+        raise refuse(f"Not exported: {error}") from None
     except ValueError as error:
-        raise SystemExit(f"Not exported: {error} (Here: --approximate --text-file FILE.)") from None
+        raise refuse(f"Not exported: {error} (Here: --approximate --text-file FILE.)") from None
     report = dataclasses.asdict(result)
     print(json.dumps(report))
     return report

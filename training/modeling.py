@@ -59,6 +59,26 @@ def check_backbone(options) -> None:
             raise ValueError(f"Preset {options.model_preset} ({model_type}) does not fit task={options.task}.")
 
 
+def positions(text_config) -> int | None:
+    """The backbone's number of positions (`n_positions` / `max_position_embeddings`); None for
+    relative-position backbones such as T5."""
+    value = getattr(text_config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_lengths(options, text_config) -> None:
+    """The lengths a run feeds the backbone (`block_size`; seq2seq: `max_source_length` and
+    `max_target_length`) within its positions: checked when the options are parsed (`preflight`,
+    where the config is known without a download) and again by `build_model`."""
+    limit = positions(text_config)
+    names = ("block_size",) if options.task == "causal_lm" else ("max_source_length", "max_target_length")
+    for name in names:
+        if limit is not None and getattr(options, name) > limit:
+            raise ValueError(f"Option {name}={getattr(options, name)} is larger than the {text_config.model_type} "
+                             f"backbone's {limit} positions: lower {name} to at most {limit}"
+                             + (", or give the preset more positions in model_overrides." if options.model_preset else "."))
+
+
 def preset_config(options, tokenizer):
     model_type, fields = PRESETS[options.model_preset]
     ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
@@ -81,11 +101,13 @@ def build_model(options, tokenizer):
                              f"{len(tokenizer)} tokens: ids from {text_config.vocab_size} on would have no embedding. "
                              "Drop vocab_size from model_overrides (it is the tokenizer's size by default) or raise it.")
         _set_dropout(text_config, options.dropout)
+        check_lengths(options, text_config)
         return cls(OutHeadsConfig(text_config=text_config, head_type=head.head_type, head_options=head.options))
     config = AutoConfig.from_pretrained(options.pretrained)
     _set_dropout(config, options.dropout)
     for key, value in options.model_overrides.items():
         setattr(config, key, value)
+    check_lengths(options, config.get_text_config())
     model = cls.from_backbone(options.pretrained, head_type=head.head_type, head_options=head.options,
                               config=config)
     if len(tokenizer) > model.config.vocab_size:
@@ -103,10 +125,8 @@ def parameter_counts(model) -> dict[str, int]:
 
 
 def position_limit(model) -> int | None:
-    """The backbone's number of positions (None for relative-position backbones such as T5):
-    the tokenizer's `model_max_length`."""
-    value = getattr(model.config.text_config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
+    """The model's backbone's number of positions (`positions`): the tokenizer's `model_max_length`."""
+    return positions(model.config.text_config)
 
 
 def step_flops(model, options, processes: int) -> int:

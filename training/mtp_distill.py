@@ -6,14 +6,17 @@ every output of `generate()`) is unchanged. Medusa's self-distillation (Cai et a
 corpus's text is not what the model generates (a fine-tuned predictor may agree with the next-token
 head on half of the text's positions, yet on a third of greedy output's).
 
-    python -m training.mtp_distill RUN_DIR --output_dir OUT [--prompts 512 --max_steps 300]
+    hf-outheads mtp-distill RUN_DIR --output_dir OUT [--prompts 512 --max_steps 300] [--overwrite]
 
-RUN_DIR is a model folder that `training/train.py` wrote (its `train_config.yaml` names the training
-data). The prompts are the first `--prompt_tokens` tokens of texts of the training split (never the
+RUN_DIR is a model folder of an `mtp` head that `hf-outheads train` (training/train.py) wrote: its
+`train_config.yaml` names the training data; any other folder is refused before anything is
+generated. The prompts are the first `--prompt_tokens` tokens of texts of the training split (never the
 validation split, on which `studies/mtp_speed.py` measures); each gets `--new_tokens` greedy tokens,
 and the predictors train on the continuations (the prompt's positions and anything after an
 end-of-sequence token carry no label) with transformers' `Trainer`. OUT receives the model, its
-tokenizer and `distill.json` (the settings and the predictors' losses before and after).
+tokenizer and `distill.json` (the settings and the predictors' losses before and after), written
+beside it and swapped in whole (`hf_outheads.folders.staged_folder`): a new or empty folder, or
+any other with `--overwrite`, never RUN_DIR, a folder inside it or around it.
 """
 
 from __future__ import annotations
@@ -21,27 +24,43 @@ from __future__ import annotations
 if not __package__:  # run by path (`python training/mtp_distill.py`): its modules are the installed package's
     __package__ = "hf_outheads.training"
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 
 from hf_outheads import IGNORE_INDEX
+from hf_outheads.head_options import Spec
+
+from .command_line import CommandParser, typed
+
+COUNT = typed(Spec("int", low=1))
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", help="A model folder written by training/train.py (with its train_config.yaml).")
-    parser.add_argument("--output_dir", required=True, help="Where the distilled model goes.")
-    parser.add_argument("--prompts", type=int, default=512, help="Prompts from the training split.")
-    parser.add_argument("--prompt_tokens", type=int, default=32, help="Tokens per prompt.")
-    parser.add_argument("--new_tokens", type=int, default=64, help="Greedy tokens generated after each prompt.")
-    parser.add_argument("--batch_size", type=int, default=16, help="Sequences per generation and per training step.")
-    parser.add_argument("--max_steps", type=int, default=300, help="Training steps of the predictors.")
-    parser.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate (cosine, 10%% warm-up).")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = CommandParser(description=__doc__)
+    parser.add_argument("run", help="A model folder of an mtp head written by `hf-outheads train` (with its "
+                                    "train_config.yaml).")
+    parser.add_argument("--output_dir", required=True, help="Where the distilled model goes: a new or empty folder.")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="Replace output_dir when it is not empty (the whole folder, swapped in once written).")
+    parser.add_argument("--prompts", type=COUNT, default=512, help="Prompts from the training split.")
+    parser.add_argument("--prompt_tokens", type=COUNT, default=32, help="Tokens per prompt.")
+    parser.add_argument("--new_tokens", type=COUNT, default=64, help="Greedy tokens generated after each prompt.")
+    parser.add_argument("--batch_size", type=COUNT, default=16, help="Sequences per generation and per training step.")
+    parser.add_argument("--max_steps", type=COUNT, default=300, help="Training steps of the predictors.")
+    parser.add_argument("--learning_rate", type=typed(Spec("number", low=0.0, open_low=True)), default=1e-3,
+                        help="Peak learning rate (cosine, 10%% warm-up).")
+    parser.add_argument("--seed", type=typed(Spec("int", low=0)), default=0, help="Seed of the predictors' training.")
     return parser.parse_args(argv)
+
+
+def require_mtp(config) -> None:
+    """Self-distillation trains an `mtp` head's predictors: a ValueError for any other model."""
+    head = getattr(config, "head_type", None)
+    if head != "mtp":
+        raise ValueError(f"self-distillation trains an `mtp` head's future-token predictors; this model's head is "
+                         f"{head!r}. Train with --head_type mtp first.")
 
 
 @torch.no_grad()
@@ -86,9 +105,7 @@ def distill(model, examples: dict[str, torch.Tensor], output_dir: str, batch_siz
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
 
-    if getattr(model.config, "head_type", None) != "mtp":
-        raise ValueError(f"Self-distillation trains an `mtp` head's predictors; this model's head is "
-                         f"'{getattr(model.config, 'head_type', None)}'.")
+    require_mtp(model.config)
     before = predictor_losses(model, examples, batch_size)
     # the predictors read the frozen model's states as generation computes them: every dropout off
     dropouts = {module: module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
@@ -126,41 +143,67 @@ def leading_tokens(texts, tokenizer, count: int, length: int) -> list[list[int]]
     return chosen
 
 
-def training_prompts(run: Path, tokenizer, count: int, length: int) -> torch.Tensor:
+def training_prompts(options, tokenizer, count: int, length: int) -> torch.Tensor:
     """`(count, length)` token ids: the first `length` tokens of the run's training texts that have as many."""
     from . import data as data_lib
-    from .options import parse_options
 
-    options = parse_options(["--config", str(run / "train_config.yaml")])
     train, _ = data_lib.select_splits(data_lib.load_raw(options), options)
     chosen = leading_tokens(data_lib.training_texts(train, options), tokenizer, count, length)
     if not chosen:
-        raise SystemExit(f"No training text of {run} has {length} tokens: lower --prompt_tokens.")
+        raise ValueError(f"no training text of the run has {length} tokens: lower --prompt_tokens.")
     return torch.tensor(chosen)
+
+
+def run_options(run: Path):
+    """The training options of `run` (its `CONFIG_FILE`), after checking that it holds an `mtp`
+    model: a ValueError saying why not, before anything is loaded or generated."""
+    from transformers import AutoConfig
+
+    import hf_outheads  # noqa: F401  (registers the Auto classes: no remote code runs)
+
+    from .options import CONFIG_FILE, parse_options
+
+    if not (run / CONFIG_FILE).is_file():
+        raise ValueError(f"{run} has no {CONFIG_FILE}: give a model folder that `hf-outheads train` wrote.")
+    try:
+        config = AutoConfig.from_pretrained(run)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{run} holds no model that loads: {str(error).strip().splitlines()[0]}") from None
+    require_mtp(config)
+    return parse_options(["--config", str(run / CONFIG_FILE)])
 
 
 def main(argv=None):
     from transformers import AutoModelForCausalLM
 
-    import hf_outheads  # noqa: F401  (registers the Auto classes: no remote code runs)
+    from hf_outheads.folders import staged_folder, writable_target
 
+    from .command_line import refuse
+    from .preflight import run_sources
     from .tokenization import load_saved_tokenizer
 
     args = parse_args(argv)
-    run = Path(args.run)
-    if not (run / "train_config.yaml").is_file():
-        raise SystemExit(f"{run} has no train_config.yaml: give a model folder that training/train.py wrote.")
+    run, target = Path(args.run), dict(overwrite=args.overwrite, overwrite_hint="pass --overwrite")
+    try:  # everything refused before anything is generated or written
+        options = run_options(run)
+        sources = [run, *run_sources(options)]
+        writable_target(args.output_dir, sources=sources, **target)
+        tokenizer = load_saved_tokenizer(run)
+        if tokenizer is None:
+            raise ValueError(f"{run} holds no tokenizer: give a model folder that `hf-outheads train` wrote.")
+        prompts = training_prompts(options, tokenizer, args.prompts, args.prompt_tokens)
+    except (ValueError, OSError) as error:  # (TargetIsSource is a ValueError; a data file not found an OSError)
+        raise refuse(f"mtp_distill.py: error: {error}") from None
     torch.manual_seed(args.seed)
-    tokenizer = load_saved_tokenizer(run)
     model = AutoModelForCausalLM.from_pretrained(run)
-    prompts = training_prompts(run, tokenizer, args.prompts, args.prompt_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     examples = greedy_examples(model, prompts, args.new_tokens, args.batch_size, pad, tokenizer.eos_token_id)
-    result = distill(model, examples, args.output_dir, args.batch_size, args.max_steps, args.learning_rate, args.seed)
-    model.save_pretrained(args.output_dir)
-    tokenizer.save_pretrained(args.output_dir)
-    result = {"run": str(run), **{k: v for k, v in vars(args).items() if k not in ("run", "output_dir")}, **result}
-    (Path(args.output_dir) / "distill.json").write_text(json.dumps(result, indent=1) + "\n")
+    with staged_folder(args.output_dir, sources=sources, **target) as written:
+        result = distill(model, examples, str(written), args.batch_size, args.max_steps, args.learning_rate, args.seed)
+        model.save_pretrained(written)
+        tokenizer.save_pretrained(written)
+        result = {"run": str(run), **{k: v for k, v in vars(args).items() if k not in ("run", "output_dir")}, **result}
+        (written / "distill.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 

@@ -1,9 +1,12 @@
 """Every training option, its default and its help text, in one dataclass.
 
-Options come from a YAML file (`--config`) and are overridden by `--key value` flags.
-An unknown key in either place is an error that lists the valid keys. Values of
-non-string options given on the command line are parsed as YAML (`--head_options
-'{k: 4}'`, `--gradient_checkpointing true`, `--generation_metrics '[sacrebleu, chrf]'`).
+Options come from a YAML file (`--config`) and are overridden by `--key value` flags
+(`--key-value` too, as `HfArgumentParser` accepts). An unknown key in either place is an error
+that lists the valid keys. Values of non-string options given on the command line are parsed as
+YAML (`--head_options '{k: 4}'`, `--gradient_checkpointing true`, `--generation_metrics
+'[sacrebleu, chrf]'`). Each field declares its type, and a numeric one its range (`spec`, the
+`Spec` head options declare theirs with); everything is checked when parsed (`check_values`),
+and a file or value that is not YAML is named in one line.
 
 Hand-written rather than transformers' `HfArgumentParser`: that parser turns a `dict` field's
 flag into `dict(string)` and a `list` field into `nargs="+"` strings, and reads no `null`, so
@@ -20,14 +23,28 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from transformers import SchedulerType
 
 from hf_outheads import HEAD_CLASSES, HeadOptions, get_head_class
+from hf_outheads.head_options import Spec
+
+from .command_line import CommandParser
 
 
-def opt(default: Any, help: str, choices: tuple | None = None):
+def opt(default: Any, help: str, choices: tuple | None = None, spec: Spec | None = None):
+    """A field: its default, help text, and the values it takes (`choices`, or a numeric `spec`;
+    None is accepted where the field's type allows it)."""
     factory = (lambda: type(default)(default)) if isinstance(default, (dict, list)) else None
-    metadata = {"help": help, "choices": choices}
+    metadata = {"help": help, "choices": choices, "spec": spec}
     return field(default_factory=factory, metadata=metadata) if factory else field(default=default, metadata=metadata)
+
+
+def at_least(low: int) -> Spec:
+    return Spec("int", low=low)
+
+
+POSITIVE = Spec("number", low=0.0, open_low=True)
+RATE = Spec("number", low=0.0, high=1.0, open_high=True)  # a dropout probability, an Adam beta
 
 
 @dataclass
@@ -37,7 +54,8 @@ class TrainOptions:
     model_preset: str | None = opt(None, "Train a backbone from scratch from a named size preset (see training/modeling.py).")
     pretrained: str | None = opt(None, "Hub id or local path of a pretrained LM to convert with from_backbone (instead of a preset).")
     model_overrides: dict = opt({}, "Backbone config fields to override, e.g. {n_layer: 4} (presets and pretrained).")
-    dropout: float | None = opt(None, "Set every dropout probability of the backbone to this value (0 for exact resumption).")
+    dropout: float | None = opt(None, "Set every dropout probability of the backbone to this value (0 for exact resumption).",
+                                 spec=RATE)
     head_type: str | None = opt("tied", "Output head (a key of hf_outheads.HEAD_CLASSES); null keeps a pretrained model's head form.")
     head_options: dict = opt({}, "The head's hyper-parameters; omitted ones take the head's defaults (hf_outheads, "
                              "chosen by measurement: studies/results/ablations_*.md).")
@@ -50,66 +68,75 @@ class TrainOptions:
     streaming: bool = opt(False, "Stream the dataset instead of downloading/preparing it whole (needs max_steps).")
     train_split: str = opt("train", "Split to train on.")
     validation_split: str = opt("validation", "Split to evaluate on; if the dataset lacks it, validation_percent of train is held out.")
-    validation_percent: int = opt(5, "Share of the training split held out when there is no validation split.")
+    validation_percent: int = opt(5, "Share of the training split held out when there is no validation split.",
+                                  spec=Spec("int", low=1, high=99))
     text_column: str = opt("text", "Text column for causal LM.")
     source_column: str = opt("source", "Source column for seq2seq (ignored when source_lang is set).")
     target_column: str = opt("target", "Target column for seq2seq (ignored when target_lang is set).")
     source_lang: str | None = opt(None, "For translation datasets: source language key inside the 'translation' column.")
     target_lang: str | None = opt(None, "For translation datasets: target language key inside the 'translation' column.")
     source_prefix: str = opt("", "Text prepended to every source, e.g. 'translate German to English: ' for T5.")
-    block_size: int = opt(128, "Causal LM: tokens per training block (texts are concatenated and cut into blocks).")
-    max_source_length: int = opt(128, "Seq2seq: source tokens kept.")
-    max_target_length: int = opt(64, "Seq2seq: target tokens kept (also the generation limit).")
-    max_train_samples: int | None = opt(None, "Keep only this many training examples (after loading, before tokenising).")
-    max_eval_samples: int | None = opt(None, "Keep only this many evaluation examples.")
-    preprocessing_num_workers: int | None = opt(None, "Processes for dataset.map (not used when streaming).")
+    block_size: int = opt(128, "Causal LM: tokens per training block (texts are concatenated and cut into blocks); "
+                           "at most the model's positions.", spec=at_least(2))
+    max_source_length: int = opt(128, "Seq2seq: source tokens kept.", spec=at_least(2))
+    max_target_length: int = opt(64, "Seq2seq: target tokens kept (also the generation limit).", spec=at_least(1))
+    max_train_samples: int | None = opt(None, "Keep only this many training examples (after loading, before tokenising).",
+                                         spec=at_least(1))
+    max_eval_samples: int | None = opt(None, "Keep only this many evaluation examples.", spec=at_least(1))
+    preprocessing_num_workers: int | None = opt(None, "Processes for dataset.map (not used when streaming).",
+                                                 spec=at_least(1))
     dataloader_num_workers: int = opt(0, "Worker processes that collate the training and evaluation batches while the "
                                       "model computes (0: the main process), kept across epochs; batches are pinned on a GPU and "
-                                      "copied to it without waiting.")
+                                      "copied to it without waiting.", spec=at_least(0))
     # tokenizer
     tokenizer: str = opt("auto", "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path.")
-    tokenizer_vocab_size: int = opt(8000, "Vocabulary (BPE code-dictionary) size of a trained tokenizer, special tokens included.")
-    tokenizer_min_frequency: int = opt(2, "Minimum count of a merge / word for a trained tokenizer.")
+    tokenizer_vocab_size: int = opt(8000, "Vocabulary (BPE code-dictionary) size of a trained tokenizer, special tokens "
+                                    "included.", spec=at_least(5))
+    tokenizer_min_frequency: int = opt(2, "Minimum count of a merge / word for a trained tokenizer.", spec=at_least(0))
     tokenizer_lowercase: bool = opt(False, "Lowercase text in a trained tokenizer.")
     # optimisation
-    seed: int = opt(42, "Seed for initialisation, data order and dropout.")
-    per_device_train_batch_size: int = opt(16, "Training batch size per process.")
-    per_device_eval_batch_size: int = opt(32, "Evaluation batch size per process.")
-    learning_rate: float = opt(5e-4, "Peak learning rate of AdamW.")
+    seed: int = opt(42, "Seed for initialisation, data order and dropout.", spec=at_least(0))
+    per_device_train_batch_size: int = opt(16, "Training batch size per process.", spec=at_least(1))
+    per_device_eval_batch_size: int = opt(32, "Evaluation batch size per process.", spec=at_least(1))
+    learning_rate: float = opt(5e-4, "Peak learning rate of AdamW.", spec=POSITIVE)
     head_learning_rate: float | None = opt(None, "Peak learning rate of the output head's own parameters "
-                                           "(not the shared embedding E); null: learning_rate.")
-    weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and norms).")
-    adam_beta1: float = opt(0.9, "AdamW beta1.")
-    adam_beta2: float = opt(0.999, "AdamW beta2.")
-    lr_scheduler_type: str = opt("linear", "Schedule after warmup (transformers.get_scheduler): linear, cosine, constant_with_warmup, ...")
-    warmup_steps: int = opt(0, "Linear warmup steps.")
-    num_train_epochs: float = opt(1.0, "Epochs to train when max_steps is not set.")
-    max_steps: int | None = opt(None, "Total optimizer steps (overrides num_train_epochs).")
+                                           "(not the shared embedding E); null: learning_rate.", spec=POSITIVE)
+    weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and norms).", spec=Spec("number", low=0.0))
+    adam_beta1: float = opt(0.9, "AdamW beta1.", spec=RATE)
+    adam_beta2: float = opt(0.999, "AdamW beta2.", spec=RATE)
+    lr_scheduler_type: str = opt("linear", "Schedule after warmup (transformers.get_scheduler).",
+                                  tuple(kind.value for kind in SchedulerType))
+    warmup_steps: int = opt(0, "Linear warmup steps.", spec=at_least(0))
+    num_train_epochs: float | None = opt(1.0, "Epochs to train when max_steps is not set.", spec=POSITIVE)
+    max_steps: int | None = opt(None, "Total optimizer steps (overrides num_train_epochs).", spec=at_least(1))
     stop_after_steps: int | None = opt(None, "Stop after this many optimizer steps in total, as if interrupted (for resumption tests); "
-                                        "only a run that starts below it stops, so rerunning finishes.")
-    gradient_accumulation_steps: int = opt(1, "Micro-batches accumulated per optimizer step.")
-    max_grad_norm: float | None = opt(1.0, "Gradient clipping norm; null disables.")
+                                        "only a run that starts below it stops, so rerunning finishes.", spec=at_least(1))
+    gradient_accumulation_steps: int = opt(1, "Micro-batches accumulated per optimizer step.", spec=at_least(1))
+    max_grad_norm: float | None = opt(1.0, "Gradient clipping norm; null disables.", spec=POSITIVE)
     mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
     torch_compile: bool = opt(False, "Compile the model with torch.compile (inductor; on a CPU it needs a C++ compiler): "
                               "the backbone's and the head's layers fused, the head's fused losses eager; each epoch's last, "
                               "shorter training batch is dropped, so that the step compiles once. Not with FSDP or DeepSpeed.")
     code_reassign_steps: int | None = opt(None, "Heads that update themselves periodically (updates_periodically: lightrnn "
-                                          "re-assigns its word-code table): every this many optimizer steps (default: eval_steps; 0: never, a fixed table).")
+                                          "re-assigns its word-code table): every this many optimizer steps (default: eval_steps; 0: never, a fixed table).",
+                                          spec=at_least(0))
     # evaluation
-    eval_steps: int | None = opt(None, "Evaluate every this many optimizer steps (and always at the end).")
+    eval_steps: int | None = opt(None, "Evaluate every this many optimizer steps (and always at the end).", spec=at_least(0))
     generation_metrics: list = opt([], "Generation metrics from training/metrics: sacrebleu, chrf, rouge (seq2seq).")
-    num_generation_examples: int | None = opt(None, "Evaluation examples used for generation metrics (null: all).")
-    generation_num_beams: int = opt(1, "Beams for generation-based evaluation.")
+    num_generation_examples: int | None = opt(None, "Evaluation examples used for generation metrics (null: all).",
+                                               spec=at_least(1))
+    generation_num_beams: int = opt(1, "Beams for generation-based evaluation.", spec=at_least(1))
     sample_prompt: str | None = opt(None, "Causal LM: prompt of the sample generated at the end (default: start of a validation text).")
-    sample_max_new_tokens: int = opt(40, "Causal LM: tokens of the generated sample.")
+    sample_max_new_tokens: int = opt(40, "Causal LM: tokens of the generated sample.", spec=at_least(1))
     # logging, checkpoints, publishing
     output_dir: str = opt("outputs/run", "Folder for the model, tokenizer, card, metrics.jsonl and checkpoints/.")
     overwrite_output_dir: bool = opt(False, "Let the run write into an output_dir that holds a finished model or files "
                                      "of no run (refused otherwise, as transformers' Trainer does).")
-    logging_steps: int = opt(10, "Log the training loss every this many optimizer steps.")
-    save_steps: int | None = opt(None, "Save an accelerate checkpoint every this many optimizer steps.")
-    save_total_limit: int | None = opt(2, "Checkpoints kept (oldest deleted).")
+    logging_steps: int = opt(10, "Log the training loss every this many optimizer steps.", spec=at_least(1))
+    save_steps: int | None = opt(None, "Save an accelerate checkpoint every this many optimizer steps.", spec=at_least(0))
+    save_total_limit: int | None = opt(2, "Checkpoints kept, the one just saved among them (the oldest deleted); null: "
+                                        "keep every one (transformers' TrainingArguments).", spec=at_least(1))
     resume: str = opt("auto", "'auto' resumes from the latest checkpoint in output_dir/checkpoints, 'never', or a checkpoint path.")
     report_to: str = opt("auto", "'auto' (JSONL, plus TensorBoard when installed), 'jsonl' or 'tensorboard'.", ("auto", "jsonl", "tensorboard"))
     push_to_hub: bool = opt(False, "Publish model, tokenizer and card to the Hub at the end.")
@@ -181,6 +208,13 @@ def head_spec(name: str, head_options_by_head: dict, head_options: dict | None =
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainOptions)}
 STRING_FIELDS = {name for name, f in FIELDS.items() if f.type in ("str", "str | None")}
+CONFIG_FILE = "train_config.yaml"  # a run's options, saved beside its model (`saved_options`)
+
+
+def saved_options(options: TrainOptions) -> dict:
+    """The options that make a run what it is, as `--config` reads them (the file `CONFIG_FILE`):
+    every field but `overwrite_output_dir`, which says how one command treats its folder."""
+    return {name: getattr(options, name) for name in FIELDS if name != "overwrite_output_dir"}
 
 
 def unknown_keys_error(keys, where: str) -> ValueError:
@@ -202,10 +236,21 @@ def config_path(given: str) -> Path:
     return path
 
 
+def yaml_value(text: str, where: str):
+    """`text` read as YAML; a ValueError naming `where` and the YAML problem, in one line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        problem += " (YAML indents with spaces, not tabs)" if "'\\t'" in problem else ""
+        raise ValueError(f"{where} is not valid YAML: {problem}{at}.") from None
+
+
 def load_yaml(path: str) -> dict:
     path = config_path(path)
-    with open(path) as handle:
-        values = yaml.safe_load(handle) or {}
+    values = yaml_value(path.read_text(), f"--config {path}") or {}
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of option: value.")
     unknown = set(values) - set(FIELDS)
@@ -215,7 +260,7 @@ def load_yaml(path: str) -> dict:
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    parser = CommandParser(description=description)
     parser.add_argument("--config", help="YAML file of options; flags given here override it.")
     for name, f in FIELDS.items():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -226,20 +271,20 @@ def build_parser(description: str) -> argparse.ArgumentParser:
 
 
 BYTE_ALPHABET = 256 + 4  # a byte-level BPE holds every byte plus <pad> <s> </s> <unk>
-MIN_INTEGERS = {"block_size": 2, "max_steps": 1, "stop_after_steps": 1, "per_device_train_batch_size": 1,
-                "per_device_eval_batch_size": 1, "gradient_accumulation_steps": 1, "logging_steps": 1,
-                "save_steps": 0, "eval_steps": 0, "code_reassign_steps": 0, "tokenizer_vocab_size": 5,
-                "tokenizer_min_frequency": 0, "max_source_length": 2, "max_target_length": 1}
 
 
-def check_sizes(options: TrainOptions) -> None:
-    """Integer options in range and the tokenizer size, before any work starts."""
-    for name, minimum in MIN_INTEGERS.items():
-        value = getattr(options, name)
-        if value is None and FIELDS[name].type.endswith("| None"):
+def check_ranges(options: TrainOptions) -> None:
+    """Every numeric option in its declared range (`spec`; None where the type allows it), a number
+    of steps, and the tokenizer's size, before any work starts."""
+    for name, f in FIELDS.items():
+        spec, value = f.metadata["spec"], getattr(options, name)
+        if spec is None or value is None and f.type.endswith("| None"):
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"Option {name} must be an integer >= {minimum}, got {value!r}.")
+        if not spec.accepts(value):
+            raise ValueError(f"Option {name} must be {spec.describe()}, got {value!r}.")
+    if options.max_steps is None and (options.streaming or options.num_train_epochs is None):
+        raise ValueError("Set max_steps: " + ("a streamed dataset has no length." if options.streaming else
+                                              "num_train_epochs is null."))
     if options.tokenizer == "bpe" and options.tokenizer_vocab_size < BYTE_ALPHABET:
         raise ValueError(f"Option tokenizer_vocab_size={options.tokenizer_vocab_size} is below the byte-level BPE "
                          f"alphabet: use at least {BYTE_ALPHABET} (256 bytes + 4 special tokens).")
@@ -258,7 +303,9 @@ def check_values(options: TrainOptions) -> TrainOptions:
         for kind in (dict, list, bool):
             if kind.__name__ == f.type and not isinstance(value, kind):
                 raise ValueError(f"Option {name} must be a {kind.__name__}, got {value!r}.")
-    check_sizes(options)
+        if name in STRING_FIELDS and not isinstance(value, str) and not (value is None and f.type.endswith("| None")):
+            raise ValueError(f"Option {name} must be a string, got {value!r}.")
+    check_ranges(options)
     options.head_spec()
     return options
 
@@ -284,13 +331,13 @@ def parse_options(argv=None, description: str = "Train an hf_outheads model.", e
         extra(parser)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        raise SystemExit(str(unknown_keys_error([u for u in unknown if u.startswith("--")] or unknown, "the command line")))
+        parser.error(str(unknown_keys_error([u for u in unknown if u.startswith("--")] or unknown, "the command line")))
     flags = vars(args)
     values = load_yaml(flags.pop("config")) if flags.get("config") else {}
     flags.pop("config", None)
     extras = {key: flags.pop(key) for key in list(flags) if key not in FIELDS}
     for name, raw in flags.items():
-        values[name] = raw if name in STRING_FIELDS or not isinstance(raw, str) else yaml.safe_load(raw)
+        values[name] = raw if name in STRING_FIELDS or not isinstance(raw, str) else yaml_value(raw, f"--{name} {raw}")
         if name in STRING_FIELDS and raw in ("null", "None"):
             values[name] = None
     command_line_backbone(values, flags)

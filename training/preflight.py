@@ -1,8 +1,13 @@
 """Checks of a training run's options before any work starts (`train.parse_args`), so that a
 wrong option fails with one message once the script is imported, not after the data is tokenised:
 
+- the output folder: never one the run reads from (`check_output_dir`, `hf_outheads.folders`);
 - the backbone: exactly one of `model_preset` (a known preset that fits the task) and
-  `pretrained`, and a tokenizer that can serve it (`auto` needs a pretrained model);
+  `pretrained` (whose config loads), and a tokenizer that can serve it (`auto` needs a pretrained
+  model); lengths (`block_size`, ...) within its positions; a preset's model built on the meta
+  device with the run's `model_overrides` and head options (`check_preset_model`);
+- a loss kernel the head options name: installed and able to run on this machine (`check_loss_kernel`);
+- generation metrics that exist, for a seq2seq run;
 - the checkpoint the run would resume (`resume: auto` finds the latest in output_dir): one
   written for another head type or backbone family is refused here, naming both. What only
   the built model shows (head options, vocabulary, shapes) is still checked when the
@@ -14,14 +19,20 @@ wrong option fails with one message once the script is imported, not after the d
 
 from __future__ import annotations
 
+import copy
 import json
-import os
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig
 
+from hf_outheads.folders import check_target
+from hf_outheads.loss_kernels import PEER_KERNELS, unavailable
+
 from .checkpoints import MARKER, checkpoint_to_resume
-from .launching import check_sharding
-from .modeling import PRESETS, check_backbone
+from .evaluation import METRIC_KEYS
+from .launching import check_sharding, has_accelerator
+from .modeling import PRESETS, check_backbone, check_lengths, model_class
+from .tokenization import TRAINABLE
 
 
 def check_tokenizer(options) -> None:
@@ -37,14 +48,96 @@ def check_tokenizer(options) -> None:
         raise ValueError("tokenizer: auto needs a pretrained model; use tokenizer: bpe / wordlevel or a tokenizer path.")
 
 
-def planned_backbone(options) -> str | None:
-    """The backbone family (`model_type`) the run builds, when known without downloading (an
-    hf_outheads folder's config: `import hf_outheads` registered it, through `.modeling`)."""
+def run_sources(options) -> list[str]:
+    """The local paths a run reads besides its config: the pretrained model, a tokenizer folder,
+    the data files."""
+    files = [path for paths in options.data_files.values() for path in (paths if isinstance(paths, list) else [paths])]
+    tokenizer = options.tokenizer if options.tokenizer not in ("auto", *TRAINABLE) else None
+    return [str(path) for path in (options.pretrained, tokenizer, *files) if path is not None]
+
+
+def check_output_dir(options) -> None:
+    """The output_dir is not, does not contain and does not lie inside what the run reads."""
+    check_target(options.output_dir, run_sources(options), what="output_dir")
+
+
+def planned_text_config(options):
+    """The backbone config the run builds, without the tokenizer's sizes and ids: a preset's, or
+    the pretrained model's (a folder, an hf_outheads one too: `import hf_outheads` registered it
+    through `.modeling`; or a Hub id, its config fetched now, so that a wrong one is refused now)."""
     if options.model_preset:
-        return PRESETS[options.model_preset][0]
-    if os.path.isdir(options.pretrained):
-        return AutoConfig.from_pretrained(options.pretrained).get_text_config().model_type
-    return None
+        config = AutoConfig.for_model(PRESETS[options.model_preset][0], **PRESETS[options.model_preset][1])
+    else:
+        try:
+            config = AutoConfig.from_pretrained(options.pretrained).get_text_config()
+        except (OSError, ValueError) as error:  # no such folder or Hub id, no network, a broken config.json
+            raise ValueError(f"Option pretrained={options.pretrained!r}: its config cannot be loaded "
+                             f"({brief(error)}).") from None
+    try:
+        for key, value in options.model_overrides.items():  # the config's fields are typed (strict dataclasses)
+            setattr(config, key, value)
+    except (ValueError, TypeError, StrictDataclassError) as error:
+        raise ValueError(f"Option model_overrides={options.model_overrides!r}: {brief(error)}") from None
+    return config
+
+
+def brief(error: BaseException, limit: int = 300) -> str:
+    """`error`'s message as one line (whitespace collapsed), at most about `limit` characters."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def check_preset_model(options, text_config) -> None:
+    """A preset's model builds with these options, its head's options checked against its sizes
+    (`text_config` with the trained tokenizer's vocabulary), on the meta device: nothing allocated."""
+    if not options.model_preset:
+        return
+    import torch
+
+    from hf_outheads import OutHeadsConfig
+
+    config = copy.deepcopy(text_config)
+    if options.tokenizer in TRAINABLE and "vocab_size" not in options.model_overrides:
+        config.vocab_size = options.tokenizer_vocab_size
+    head = options.head_spec()
+    try:
+        with torch.device("meta"):
+            model_class(options.task)(OutHeadsConfig(text_config=config, head_type=head.head_type,
+                                                     head_options=head.options))
+    except (ValueError, TypeError, StrictDataclassError) as error:
+        raise ValueError(f"The {options.model_preset} model cannot be built with these options: "
+                         f"{brief(error)}") from None
+
+
+def planned_backbone(options) -> str:
+    """The backbone family (`model_type`) the run builds."""
+    return planned_text_config(options).model_type
+
+
+def check_loss_kernel(options) -> None:
+    """Every fused-loss kernel the head options name (`loss_kernel`, the shared head's too) can run
+    on this machine, rather than failing at the first training step."""
+    device = "cuda" if has_accelerator() else "cpu"
+    head = options.head_spec()
+    named, todo = [], [head.spelt_out()] if head.head_type else []
+    while todo:  # options, and the options of a head they hold (`mtp`'s shared head)
+        values = todo.pop()
+        named += [values["loss_kernel"]] if "loss_kernel" in values else []
+        todo += [value for value in values.values() if isinstance(value, dict)]
+    for kernel in named:
+        why = unavailable(kernel, device) if kernel in PEER_KERNELS else None
+        if why:
+            raise ValueError(f"Option head_options: the loss kernel {kernel!r} cannot run here: {why}. Use "
+                             "loss_kernel 'auto' (the fastest kernel installed) or 'own'.")
+
+
+def check_generation_metrics(options) -> None:
+    """Generation metrics are modules shipped in training/metrics (`evaluation.METRIC_KEYS`), for a seq2seq run."""
+    unknown = sorted(set(options.generation_metrics) - set(METRIC_KEYS))
+    if unknown:
+        raise ValueError(f"Option generation_metrics: unknown metric(s) {unknown}. Valid metrics: {sorted(METRIC_KEYS)}.")
+    if options.generation_metrics and options.task != "seq2seq":
+        raise ValueError("Option generation_metrics (BLEU, chrF, ROUGE) applies to task: seq2seq.")
 
 
 def check_checkpoint(options) -> None:
@@ -87,7 +180,13 @@ def check_hub(options) -> None:
 
 def check_run(options) -> None:
     check_sharding()
+    check_output_dir(options)
     check_backbone(options)
     check_tokenizer(options)
+    planned = planned_text_config(options)
+    check_lengths(options, planned)
+    check_preset_model(options, planned)
+    check_loss_kernel(options)
+    check_generation_metrics(options)
     check_checkpoint(options)
     check_hub(options)

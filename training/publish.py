@@ -1,5 +1,5 @@
-"""The end of a run: save model, tokenizer and generation config, plot the training curve,
-write the model card (`hf_outheads.model_card.build_model_card`, with the run's data,
+"""The end of a run: save model, tokenizer and generation config, the run's options
+(`train_config.yaml`, which `--config` reads again), plot the training curve, write the model card (`hf_outheads.model_card.build_model_card`, with the run's data,
 procedure, results, plot, sample and citations as sections), and optionally push it all to the Hub."""
 
 from __future__ import annotations
@@ -8,12 +8,14 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard
 
 from hf_outheads.model_card import build_model_card, citation_section, pipeline_tag
 
 from .data import BUILT_CORPORA, corpus_config
 from .evaluation import SAMPLING
+from .options import CONFIG_FILE, saved_options
 from .tracking import RESULTS_FILE, read_metrics
 
 CURVE_FILE = "training_curve.png"
@@ -188,6 +190,7 @@ def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
     model.save_pretrained(output_dir, state_dict=state_dict)
     tokenizer.save_pretrained(output_dir)
     (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    (output_dir / CONFIG_FILE).write_text(yaml.safe_dump(saved_options(options), sort_keys=False))
     plot_training_curve(output_dir)
     card = render_card(model, tokenizer, options, results, output_dir)
     card.save(output_dir / "README.md")

@@ -7,8 +7,10 @@ library's docstrings, with no download, in a few minutes on 2 CPU cores.
 Each task is a normal train.py run under `accelerate launch` (`by_hand_command`, printed before it
 runs; training/README.md shows it), so what it prints (perplexity, BLEU, a generated sample, where
 the card is) is what that command gives. An earlier quickstart's models are kept unless
-`--overwrite_output_dir true` is given. With no other option the quickstart checks its figures
-against the stated ones (`EXPECTED`, `check_figures`) and ends with a non-zero status when one is off.
+`--overwrite_output_dir true` is given. Every task's options are checked (`train.parse_args`)
+before the first one trains, so a wrong option is one line and exit status 2 with nothing trained.
+With no other option the quickstart checks its figures against the stated ones (`EXPECTED`,
+`check_figures`) and ends with status 1 when one is off.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 if not __package__:  # run by path (`python training/quickstart.py`): its modules are the installed package's
     __package__ = "hf_outheads.training"
 
-import argparse
 import json
 import os
 import shlex
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from .command_line import CommandParser, refuse
 from .safeguards import earlier_work
 
 HERE = Path(__file__).resolve().parent  # training/ in a checkout, hf_outheads/training installed
@@ -48,15 +50,18 @@ BEATS_COPY = {"seq2seq": ("eval_sacrebleu", "eval_chrf")}
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__)
     parser.add_argument("--task", choices=[*TASKS, "both"], default="both", help="Which quickstart to run.")
     parser.add_argument("--output_root", default="outputs", help="Folder that receives quickstart_lm/ and quickstart_seq2seq/.")
     parser.add_argument("--overwrite_output_dir", nargs="?", const="true", default="false",
-                        help="true: replace an earlier quickstart's models in output_root (default: keep them and stop).")
+                        help="true: replace an earlier quickstart's models in output_root (false: keep them and stop).")
     parser.epilog = ("Any other --key value options are passed to train.py (e.g. --head_type drill); the figures are "
                      "checked only without them.")
     args, args.overrides = parser.parse_known_args(argv)  # argparse.REMAINDER would refuse a leading --key
-    args.overwrite_output_dir = yaml.safe_load(args.overwrite_output_dir)
+    try:
+        args.overwrite_output_dir = yaml.safe_load(args.overwrite_output_dir)
+    except yaml.YAMLError:
+        pass  # refused as not a bool below
     if not isinstance(args.overwrite_output_dir, bool):
         parser.error(f"--overwrite_output_dir must be true or false, got {args.overwrite_output_dir!r}")
     return args
@@ -94,6 +99,15 @@ def check_figures(task: str, results: dict) -> list[str]:
     return problems
 
 
+def check_options(output_dirs: dict, overrides: list[str]) -> None:
+    """Each task's train.py options, checked as train.py checks them (`train.parse_args`: one line
+    and exit status 2 for a wrong one) before any task trains."""
+    from .train import parse_args as train_options
+
+    for task, output_dir in output_dirs.items():
+        train_options(["--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never", *overrides])
+
+
 def main(argv=None):
     args = parse_args(argv)
     tasks = list(TASKS) if args.task == "both" else [args.task]
@@ -101,11 +115,12 @@ def main(argv=None):
     for task, output_dir in output_dirs.items():  # before anything is trained: keep an earlier quickstart's models
         work = earlier_work(output_dir)
         if work and not args.overwrite_output_dir:
-            raise SystemExit(f"=== quickstart: {work}. Keep it with --output_root <another folder>, or replace it "
-                             "with --overwrite_output_dir true.")
+            raise refuse(f"=== quickstart: {work}. Keep it with --output_root <another folder>, or replace it "
+                         "with --overwrite_output_dir true.")
         if work:
             print(f"=== quickstart {task}: replacing the earlier run in {output_dir} (--overwrite_output_dir true)")
     overrides = [*args.overrides, *(["--overwrite_output_dir", "true"] if args.overwrite_output_dir else [])]
+    check_options(output_dirs, overrides)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if TRAIN == "training.train":  # the checkout's `training`, importable from its root
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))

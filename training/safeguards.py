@@ -71,17 +71,27 @@ def _process_start(pid: int) -> float | None:
 class RunLock:
     """`output_dir/.train.lock`: the pid, host and start time of the run writing the folder.
     A second run on the folder is refused, naming the first; a lock whose process has ended
-    (killed run) is stale and taken over."""
+    (killed run) is stale and taken over; a lock file this class did not write is refused, naming
+    it. `made`: the outermost folder the run made for output_dir (None: it existed); `release`
+    removes the folders it made that the run left empty."""
 
     def __init__(self, output_dir):
         self.path = Path(output_dir) / LOCK_FILE
         self.held = False
+        self.made: Path | None = None
 
     def _read(self) -> dict | None:
         try:
-            return json.loads(self.path.read_text())
+            owner = json.loads(self.path.read_text())
         except (OSError, ValueError):  # gone, being written, or left empty by a run killed while writing it
             return None
+        if not (isinstance(owner, dict) and isinstance(owner.get("pid"), int) and isinstance(owner.get("host"), str)
+                and isinstance(owner.get("process_start"), (int, float, type(None)))):
+            raise OutputDirInUse(
+                f"The lock file {self.path} holds {json.dumps(owner)[:80]}, not the pid and host of a run: it was not "
+                f"written by this script, so whether a run is writing {self.path.parent} cannot be told. If none is, "
+                f"delete {self.path}.")
+        return owner
 
     def _is_stale(self, owner: dict | None) -> bool:
         if not owner:  # unreadable: being written by a run starting now, or left empty by one killed while writing it
@@ -93,8 +103,8 @@ class RunLock:
             return True  # an earlier run in this same process (ended by an error)
         if owner.get("host") != socket.gethostname():
             return False  # cannot tell: another machine's run
-        started = _process_start(int(owner.get("pid", -1)))
-        return started is None or abs(started - owner.get("process_start", started)) > 1.0  # pid reused
+        started = _process_start(owner["pid"])
+        return started is None or abs(started - (owner.get("process_start") or started)) > 1.0  # pid reused
 
     def acquire(self) -> str | None:
         """Take the lock; returns a note when a stale lock was taken over, raises ValueError
@@ -128,12 +138,22 @@ class RunLock:
         raise ValueError(f"Could not take the lock {self.path}: other runs keep taking it; use another --output_dir.")
 
     def release(self) -> None:
-        """Remove the lock file if this process holds it (also run at exit)."""
+        """Remove the lock file if this process holds it (also run at exit), and the folder if the
+        run made it and left nothing in it."""
         if self.held:
             self.held = False
-            owner = self._read()
+            try:
+                owner = self._read()
+            except OutputDirInUse:  # overwritten by hand while the run held it: not this run's to remove
+                return
             if owner and owner.get("pid") == os.getpid():
                 self.path.unlink(missing_ok=True)
+            folders = [self.path.parent, *self.path.parent.parents]
+            for folder in folders[: folders.index(self.made) + 1] if self.made in folders else []:
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty: the run wrote there
+                    break
 
 
 _HELD: list[RunLock] = []

@@ -15,12 +15,10 @@ would write them into the saved `tokenizer_config.json`, where they would steer 
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
-from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 TRAINABLE = ("bpe", "wordlevel")
@@ -104,23 +102,14 @@ def load_saved_tokenizer(folder, auto: bool = True):
 
 def load_pretrained_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
     """A Hub id or local folder; a tokenizer without a pad token gets eos as padding."""
-    tokenizer = load_tokenizer(name_or_path)
+    try:
+        tokenizer = load_tokenizer(name_or_path)
+    except (OSError, ValueError) as error:  # no such folder or Hub id, no network, ...: said in one line
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(f"The tokenizer {name_or_path!r} cannot be loaded: {reason}") from error
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-@contextmanager
-def whole_texts(tokenizer):
-    """No length limit inside: the data pipeline tokenises whole documents and cuts them into
-    blocks (`block_size`, `max_source_length`) itself, so the limit's "Token indices sequence
-    length is longer than the specified maximum" warning would be about nothing."""
-    limit = tokenizer.model_max_length
-    tokenizer.model_max_length = VERY_LARGE_INTEGER
-    try:
-        yield tokenizer
-    finally:
-        tokenizer.model_max_length = limit
 
 
 def context_length(options, positions: int | None) -> int:

@@ -31,6 +31,7 @@ from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
 from . import data as data_lib
 from .checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from .command_line import refuse
 from .evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
 from .launching import accelerator_settings, check_process_count, check_sharding, first_process
 from .loop import train_loop
@@ -39,22 +40,41 @@ from .options import TrainOptions, parse_options
 from .preflight import check_run
 from .publish import finish_run
 from .safeguards import EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work, release_run_locks
-from .tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer,
-                           whole_texts)
+from .tokenization import TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer
 from .tracking import MetricsLog, Progress, trackers
 
 
-def refusal(error) -> SystemExit:
+class InputError(ValueError):
+    """What the run was given (its data, tokenizer files, checkpoint, backbone) cannot serve it: found
+    while the run is prepared (`prepare_run`), before training starts."""
+
+
+@contextlib.contextmanager
+def input_checks():
+    """A ValueError raised while a run is prepared is about its input: an `InputError`."""
+    try:
+        yield
+    except (OutputDirInUse, EarlierWork):
+        raise
+    except ValueError as error:
+        raise InputError(str(error)) from error
+
+
+def refusal(error, status: int = 2) -> SystemExit:
     """The exit of a run that cannot go on, which every process of a launch meets alike: one line on
-    stderr and a non-zero status from the launch's first process, so a launch of N processes says it
-    once. The others end silently with status 0: torchrun ends every worker at the first failure, and
-    a failing peer could end the first process before it has said why; the launch fails with it."""
-    return SystemExit(f"train.py: error: {error}" if first_process() else 0)
+    stderr from the launch's first process, so a launch of N processes says it once, with status 2
+    (`command_line.refuse`: nothing was done) or, for a run that failed while training, 1. The
+    others end silently with status 0: torchrun ends every worker at the first failure, and a
+    failing peer could end the first process before it has said why; the launch fails with it."""
+    if not first_process():
+        return SystemExit(0)
+    message = f"train.py: error: {error}"
+    return refuse(message) if status == 2 else SystemExit(message)
 
 
 def parse_args(argv=None):
     """The options, checked before any work starts (`preflight.check_run`); a wrong option is
-    one message on stderr and a non-zero exit status, without a traceback."""
+    one message on stderr and exit status 2, without a traceback."""
     try:
         options = parse_options(argv, description=__doc__)
         check_run(options)
@@ -94,9 +114,7 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
                           persistent_workers=options.dataloader_num_workers > 0 and not streaming, **loading)
     eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, **loading)
     gen_dl = None
-    if options.generation_metrics:
-        if options.task != "seq2seq":
-            raise ValueError("generation_metrics (BLEU, chrF, ROUGE) apply to task: seq2seq.")
+    if options.generation_metrics:  # (a seq2seq run's: `preflight.check_generation_metrics`)
         subset = validation
         if options.num_generation_examples is not None:
             subset = validation.take(options.num_generation_examples) if streaming else validation.select(
@@ -120,13 +138,23 @@ def make_optimizer(model, options, fused: bool = False):
                              fused=fused or None)
 
 
+def batches_per_epoch(dataloader) -> int | None:
+    """Batches in an epoch of `dataloader`; None for a streamed dataset (accelerate's prepared
+    dataloader has `__len__`, which raises a TypeError when its dataset has no length)."""
+    try:
+        return len(dataloader)
+    except TypeError:
+        return None
+
+
 def total_steps(options, train_dl) -> int:
     """Optimizer steps: max_steps, or num_train_epochs over this process's prepared dataloader."""
     if options.max_steps is not None:
         return options.max_steps
-    if not hasattr(train_dl, "__len__"):
+    batches = batches_per_epoch(train_dl)
+    if batches is None:
         raise ValueError("A streamed dataset has no length: set max_steps.")
-    return math.ceil(options.num_train_epochs * math.ceil(len(train_dl) / options.gradient_accumulation_steps))
+    return math.ceil(options.num_train_epochs * math.ceil(batches / options.gradient_accumulation_steps))
 
 
 def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final: bool = False, bands=None) -> dict:
@@ -181,12 +209,14 @@ def accelerator_for(options) -> Accelerator:
 def claim_output_dir(accelerator, options) -> None:
     """Before anything is written to output_dir: the main process makes it, takes its lock
     (`lock_output_dir`) and checks that the run replaces nothing it was not told to replace
-    (`safeguards.earlier_work`); a refusal stops every process of the launch together."""
+    (`safeguards.earlier_work`); a refusal stops every process of the launch together. The folders
+    it makes are removed with the lock when the run ends leaving them empty (`RunLock.release`)."""
     refused = None
     if accelerator.is_main_process:
         try:
+            missing = [p for p in (Path(options.output_dir), *Path(options.output_dir).parents) if not p.exists()]
             os.makedirs(options.output_dir, exist_ok=True)
-            lock_output_dir(options.output_dir)
+            lock_output_dir(options.output_dir).made = missing[-1] if missing else None
             work = None if options.overwrite_output_dir else earlier_work(options.output_dir)
             if work:
                 raise EarlierWork(f"{work}. Keep it with another --output_dir, or replace it with "
@@ -259,8 +289,7 @@ def prepare_run(options) -> PreparedRun:
     with accelerator.main_process_first():
         train_split, validation_split = data_lib.select_splits(data_lib.load_raw(options), options)
     tokenizer = get_tokenizer(accelerator, options, train_split, checkpoint is not None)
-    with whole_texts(tokenizer):  # documents are cut into blocks after tokenising
-        train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
+    train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
     model = build_model(options, tokenizer)
     tokenizer.model_max_length = context_length(options, position_limit(model))  # saved with the model
     word_counts = torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size))
@@ -275,11 +304,11 @@ def prepare_run(options) -> PreparedRun:
     counts, optimizer = parameter_counts(model), make_optimizer(model, options, fused)
     counts["train_flops_per_step"] = step_flops(model, options, accelerator.num_processes)
     model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
-    if hasattr(train_dl, "__len__") and len(train_dl) == 0:  # a compiled run drops a short last batch
-        raise refusal(ValueError(f"The training set has fewer examples than one batch of every process "
-                                 f"({options.per_device_train_batch_size} x {accelerator.num_processes}), and a "
-                                 "compiled run (torch_compile) trains on full batches only: lower "
-                                 "per_device_train_batch_size or add training data."))
+    if batches_per_epoch(train_dl) == 0:  # a compiled run drops a short last batch
+        raise ValueError(f"The training set has fewer examples than one batch of every process "
+                         f"({options.per_device_train_batch_size} x {accelerator.num_processes}), and a compiled run "
+                         "(torch_compile) trains on full batches only: lower per_device_train_batch_size or add "
+                         "training data.")
     max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
     scheduler = accelerator.prepare(get_scheduler(  # accelerate steps it once per process
         options.lr_scheduler_type, optimizer, num_warmup_steps=options.warmup_steps * accelerator.num_processes,
@@ -355,7 +384,8 @@ def training_function(options) -> dict:
 
 
 def run_training(options) -> dict:
-    run = prepare_run(options)
+    with input_checks():
+        run = prepare_run(options)
     accelerator = run.accelerator
 
     def evaluate():
@@ -406,7 +436,9 @@ def main(argv=None, options: TrainOptions | None = None):
     options = options or parse_args(argv)
     try:
         training_function(options)
-    except (NonFiniteError, OutputDirInUse, EarlierWork) as error:  # said in full: no traceback
+    except NonFiniteError as error:  # said in full: no traceback
+        raise refusal(error, status=1) from None
+    except (OutputDirInUse, EarlierWork, InputError) as error:
         raise refusal(error) from None
 
 
