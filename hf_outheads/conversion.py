@@ -51,13 +51,18 @@ def original_lm_head(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor
     return weight, bias
 
 
+def auto_body_class(config) -> type | None:
+    """The class `AutoModel.from_config(config)` builds (an hf_outheads model's backbone), or None."""
+    return MODEL_MAPPING[type(config)] if type(config) in MODEL_MAPPING else None
+
+
 def backbone_module(model: PreTrainedModel) -> torch.nn.Module:
     """The body of a plain LM: its `base_model`, or where that is the model itself (its prefix names
     no attribute, e.g. Llama 4's text model), the child of the class `AutoModel` builds for its
     config, else the model (T5, whose body is the model less its head)."""
     if model.base_model is not model:
         return model.base_model
-    body = MODEL_MAPPING[type(model.config)] if type(model.config) in MODEL_MAPPING else None
+    body = auto_body_class(model.config)
     return next((child for child in model.children() if body is not None and isinstance(child, body)), model)
 
 
@@ -125,19 +130,20 @@ def check_representable(model: PreTrainedModel) -> None:
         raise ValueError(f"{type(model).__name__} ('{family}') cannot be converted: its config nests sub-configs "
                          f"{nested}, which transformers' get_text_config cannot tell from the text_config an "
                          "hf_outheads config nests the backbone's under.")
-    if type(model.config) not in MODEL_MAPPING:
+    expected = auto_body_class(model.config)
+    if expected is None:
         raise ValueError(f"{type(model).__name__} ('{family}') cannot be converted: AutoModel has no class for its "
                          "config, and hf_outheads builds its backbone with AutoModel.from_config.")
-    body = backbone_module(model)
-    head = model.get_output_embeddings()
-    known = {id(p) for p in body.parameters()} | {id(p) for p in head.parameters()} if head is not None else set()
-    extra = [name for name, p in model.named_parameters() if id(p) not in known] if body is not model else []
+    body, head = backbone_module(model), model.get_output_embeddings()
+    if body is model:  # (T5: the body is the model less its head)
+        return
+    known = {id(p) for module in (body, head) if module is not None for p in module.parameters()}
+    extra = [name for name, p in model.named_parameters() if id(p) not in known]
     if extra:
         raise ValueError(f"{type(model).__name__} ('{family}') cannot be converted: its LM head computes more than "
                          f"`W h + b`: it has {len(extra)} parameters besides its output matrix and bias ({extra[0]}, ...), "
                          "which no hf_outheads head holds.")
-    expected = MODEL_MAPPING[type(model.config)] if type(model.config) in MODEL_MAPPING else None
-    if body is not model and expected is not None and not isinstance(body, expected):
+    if not isinstance(body, expected):
         raise ValueError(f"{type(model).__name__} ('{family}') cannot be converted: its body is a {type(body).__name__}, "
                          f"not the {expected.__name__} that AutoModel builds for its config (an hf_outheads model's "
                          "backbone). Convert the family's full model (its *ForConditionalGeneration).")

@@ -259,11 +259,12 @@ def test_mtp_counts_its_shared_heads_z_loss():
     assert with_z.loss - plain.loss > with_z.aux_terms["z_loss"] > 0  # the next token's, and the future's on top
 
 
-def test_export_writes_the_cap_where_the_family_holds_one_and_refuses_elsewhere(tmp_path):
+@pytest.mark.parametrize("name", ["gemma2", "gemma3_text"])
+def test_export_writes_the_cap_where_the_family_holds_one_and_refuses_elsewhere(name, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    gemma = OutHeadsForCausalLM.from_backbone(original("gemma2"), head_options={"logit_softcap": 15.0,
-                                                                                "output_bias": False}).eval()
+    gemma = OutHeadsForCausalLM.from_backbone(original(name), head_options={"logit_softcap": 15.0,
+                                                                            "output_bias": False}).eval()
     gemma.export_plain(tmp_path / "gemma")
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "gemma").eval()
     assert plain.config.final_logit_softcapping == 15.0
