@@ -1,24 +1,59 @@
 """Backbone differences as data: how the original LM head of each model family computes
-its scores, so that a wrapped backbone with a plain head reproduces it exactly."""
+its scores, so that a wrapped backbone with a plain head reproduces it exactly, and what no
+head of this package can reproduce (`from_backbone` refuses it, naming the family and field)."""
 
 from __future__ import annotations
 
-from .head_interface import HeadDims
+from .head_options import HeadDims
 
-# model_type -> (config attribute, exponent): the final hidden state is multiplied by
-# config.<attribute> ** exponent before the head, when the config's scale flag is set.
-# T5 rescales its decoder output by d_model ** -0.5 (T5ForConditionalGeneration.forward).
-TIED_OUTPUT_SCALE = {
-    "t5": ("d_model", -0.5),
-    "mt5": ("d_model", -0.5),
-    "umt5": ("d_model", -0.5),
-    "longt5": ("d_model", -0.5),
-}
-
-# Config attributes that say whether the family applies that scale, first one present wins:
+# Config attributes that say whether T5 applies its output scale, first one present wins:
 # T5's `scale_decoder_outputs` (transformers 5, whose T5Config always sets tie_word_embeddings;
 # False for T5 v1.1), else `tie_word_embeddings` (the flag before it).
 OUTPUT_SCALE_FLAGS = ("scale_decoder_outputs", "tie_word_embeddings")
+
+# model_type -> (config attribute, exponent, flags): the final hidden state is multiplied by
+# config.<attribute> ** exponent before the head; `flags`: config attributes, the first one present
+# must be true (None: always). T5 rescales its decoder output by d_model ** -0.5
+# (T5ForConditionalGeneration.forward; mT5 no longer does); MiniCPM3 and Inkling divide it by a width multiplier.
+HIDDEN_SCALES = {
+    "t5": ("d_model", -0.5, OUTPUT_SCALE_FLAGS),
+    "umt5": ("d_model", -0.5, OUTPUT_SCALE_FLAGS),
+    "longt5": ("d_model", -0.5, OUTPUT_SCALE_FLAGS),
+    "switch_transformers": ("d_model", -0.5, ("tie_word_embeddings",)),
+    "minicpm3": ("logits_scaling", -1.0, None),  # MiniCPM3ForCausalLM: hidden_states / logits_scaling
+    "inkling_text": ("logits_mup_width_multiplier", -1.0, None),  # InklingForCausalLM
+}
+
+# model_type -> (config attribute, kind): what the original head does to its scores `z = W h + b`,
+# read from the (decoder's text) config: "multiply": `z * value`; "divide": `z / value`;
+# "softcap": `value * tanh(z / value)` (None: no cap). Read off each family's *ForCausalLM /
+# *ForConditionalGeneration forward; `tests/test_families.py` converts every family transformers
+# ships, so a family missing here shows up as one whose logits differ.
+_SOFTCAPPED = ("gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "gemma4", "gemma4_text", "gemma4_unified",
+               "gemma4_unified_text", "vaultgemma", "nanochat", "beam", "inkling2", "inkling2_text",
+               "inkling2_loop_text", "t5gemma", "t5gemma2", "mistral_large4")
+LOGIT_TRANSFORMS: dict[str, tuple[str, str]] = {
+    **{family: ("final_logit_softcapping", "softcap") for family in _SOFTCAPPED},
+    "recurrent_gemma": ("logits_soft_cap", "softcap"),
+    "xlstm": ("output_logit_soft_cap", "softcap"),
+    **{family: ("logit_scale", "multiply") for family in ("cohere", "cohere2", "cohere2_moe", "cohere_compass_text")},
+    "hyperclovax": ("logits_scaling", "multiply"),
+    "falcon_h1": ("lm_head_multiplier", "multiply"),
+    **{family: ("logits_scaling", "divide") for family in ("granite", "granite_swa", "granitemoe", "granitemoe_swa",
+                                                           "granitemoehybrid", "granitemoeshared")},
+}
+
+# model_type -> (config attribute, why no head here computes what the family's LM does when the attribute is
+# set (not None); None: always).
+UNREPRESENTABLE: dict[str, tuple[str | None, str]] = {
+    **{family: ("unpadded_vocab_size", "its logits cover only the first unpadded_vocab_size words of the embedding's "
+                                       "rows") for family in ("inkling_text", "inkling2_text", "inkling2_loop_text")},
+    "prophetnet": (None, "its logits come from the decoder's n-gram prediction streams, not its last hidden state"),
+    "xlm": (None, "XLMWithLMHeadModel's loss scores each position's own label (its labels are not shifted), and "
+                  "with asm=True its head is an adaptive softmax"),
+    "fsmt": (None, "its decoder scores with an output projection of its own, outside the embedding the head reads"),
+    "xlnet": (None, "XLNetLMHeadModel's loss scores each position's own label (its labels are not shifted)"),
+}
 
 # Names of buffers of the original *ForConditionalGeneration / *ForCausalLM that hold a
 # per-word output bias added to the logits (BART, mBART, Marian, Pegasus, Blenderbot).
@@ -33,12 +68,56 @@ OUTPUT_WIDTH_ATTRIBUTE = {"opt": "word_embed_proj_dim"}
 
 def hidden_scale(text_config) -> float:
     """Factor applied to the final hidden state before the head (1.0 for most families)."""
-    rule = TIED_OUTPUT_SCALE.get(text_config.model_type)
-    flag = next((getattr(text_config, n) for n in OUTPUT_SCALE_FLAGS if getattr(text_config, n, None) is not None), False)
-    if rule is None or not flag:
+    rule = HIDDEN_SCALES.get(text_config.model_type)
+    if rule is None:
         return 1.0
-    attribute, exponent = rule
-    return float(getattr(text_config, attribute)) ** exponent
+    attribute, exponent, flags = rule
+    flag = True if flags is None else next(
+        (getattr(text_config, n) for n in flags if getattr(text_config, n, None) is not None), False)
+    return float(getattr(text_config, attribute)) ** exponent if flag else 1.0
+
+
+def head_config(config):
+    """The (sub-)config that holds the LM head's settings: the decoder's text config."""
+    return config.get_text_config(decoder=True)
+
+
+def logit_transform(config) -> tuple[float, float]:
+    """`(scale, softcap)` of the family's LM head: scores `softcap * tanh(scale * z / softcap)`, or
+    `scale * z` with softcap 0 (`LOGIT_TRANSFORMS`); `(1.0, 0.0)` for most families."""
+    rule = LOGIT_TRANSFORMS.get(config.model_type)
+    value = None if rule is None else getattr(head_config(config), rule[0], None)
+    if value is None:
+        return 1.0, 0.0
+    kind = rule[1]
+    if kind == "softcap":
+        return 1.0, float(value)
+    return (float(value) if kind == "multiply" else 1.0 / float(value)), 0.0
+
+
+def with_logit_softcap(config, cap: float):
+    """`config` (changed in place) whose family's LM head soft-caps its scores at `cap` (0: none), or
+    a ValueError when the family has no field for a cap (`LOGIT_TRANSFORMS`)."""
+    rule = LOGIT_TRANSFORMS.get(config.model_type)
+    if rule is None or rule[1] != "softcap":
+        raise ValueError(f"The '{config.model_type}' family's LM head applies no soft cap (its config has no field for "
+                         f"one), so no stock checkpoint of it computes scores soft-capped at {cap:g}.")
+    setattr(head_config(config), rule[0], float(cap) if cap else None)
+    return config
+
+
+def unrepresentable(config) -> str | None:
+    """Why no head of this package computes the family's logits (`UNREPRESENTABLE`), or None."""
+    rule = UNREPRESENTABLE.get(config.model_type)
+    if rule is None:
+        return None
+    field, reason = rule
+    if field is None:
+        return f"in '{config.model_type}' {reason}"
+    value = getattr(head_config(config), field, None)
+    if value is None or field == "unpadded_vocab_size" and value >= config.vocab_size:  # (all of it: no slicing)
+        return None
+    return f"'{config.model_type}' sets {field}: {reason}"
 
 
 def num_layers(text_config) -> int:
@@ -51,10 +130,12 @@ def num_layers(text_config) -> int:
 
 
 def head_dims(text_config) -> HeadDims:
-    """`hidden_dim` (d_h) is the width of the backbone's output, `embed_dim` (d) that of E."""
+    """`hidden_dim` (d_h) is the width of the backbone's output, `embed_dim` (d) that of E; the
+    family's logit transform (`logit_transform`), which heads that offer it apply by default."""
+    sizes = head_config(text_config)  # a composite's (T5Gemma's, Gemma 3's) decoder text config
     output_width = OUTPUT_WIDTH_ATTRIBUTE.get(text_config.model_type)
-    hidden = getattr(text_config, output_width) if output_width else text_config.hidden_size
-    embed = next((getattr(text_config, a) for a in EMBED_WIDTH_ATTRIBUTES if getattr(text_config, a, None)), hidden)
-    return HeadDims(
-        vocab_size=text_config.vocab_size, embed_dim=embed, hidden_dim=hidden, num_layers=num_layers(text_config)
-    )
+    hidden = getattr(sizes, output_width) if output_width else sizes.hidden_size
+    embed = next((getattr(sizes, a) for a in EMBED_WIDTH_ATTRIBUTES if getattr(sizes, a, None)), hidden)
+    scale, softcap = logit_transform(text_config)
+    return HeadDims(vocab_size=sizes.vocab_size, embed_dim=embed, hidden_dim=hidden,
+                    num_layers=num_layers(sizes), logit_scale=scale, logit_softcap=softcap)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-from .backbones import OUTPUT_BIAS_BUFFERS
+from .backbones import OUTPUT_BIAS_BUFFERS, logit_transform, unrepresentable
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
 from .head_options import HeadOptions
@@ -49,12 +51,27 @@ def original_lm_head(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor
     return weight, bias
 
 
+def auto_body_class(config) -> type | None:
+    """The class `AutoModel.from_config(config)` builds (an hf_outheads model's backbone), or None."""
+    return MODEL_MAPPING[type(config)] if type(config) in MODEL_MAPPING else None
+
+
+def backbone_module(model: PreTrainedModel) -> torch.nn.Module:
+    """The body of a plain LM: its `base_model`, or where that is the model itself (its prefix names
+    no attribute, e.g. Llama 4's text model), the child of the class `AutoModel` builds for its
+    config, else the model (T5, whose body is the model less its head)."""
+    if model.base_model is not model:
+        return model.base_model
+    body = auto_body_class(model.config)
+    return next((child for child in model.children() if body is not None and isinstance(child, body)), model)
+
+
 def backbone_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The original's weights under the names of `AutoModel.from_config(model.config)`."""
     if is_outheads(model):
         return model.backbone.state_dict()
-    if model.base_model is not model:
-        return model.base_model.state_dict()
+    if backbone_module(model) is not model:
+        return backbone_module(model).state_dict()
     head_names = {name for name, module in model.named_modules() if module is model.get_output_embeddings()}
     return {
         key: value
@@ -99,6 +116,46 @@ def write_lm_head(model: PreTrainedModel, weight: torch.Tensor, bias: torch.Tens
         slots[0].copy_(bias.reshape(slots[0].shape))
 
 
+def check_representable(model: PreTrainedModel) -> None:
+    """A ValueError naming the family and what it does when no head of this package computes a plain
+    LM's logits: a family setting a field of `backbones.UNREPRESENTABLE`, or an LM head with
+    parameters besides its output matrix and bias (BERT's dense layer and norm before it, ...), or
+    a body that is not the one `AutoModel` builds for the config (BART's decoder alone)."""
+    family = model.config.model_type
+    why = unrepresentable(model.config)
+    if why:
+        raise ValueError(f"{type(model).__name__} cannot be converted: {why}, which no hf_outheads head computes.")
+    nested = sorted({"encoder", "decoder"} & set(getattr(model.config, "sub_configs", {}) or {}))
+    if nested:
+        raise ValueError(f"{type(model).__name__} ('{family}') cannot be converted: its config nests sub-configs "
+                         f"{nested}, which transformers' get_text_config cannot tell from the text_config an "
+                         "hf_outheads config nests the backbone's under.")
+    expected = auto_body_class(model.config)
+    if expected is None:
+        raise ValueError(f"{type(model).__name__} ('{family}') cannot be converted: AutoModel has no class for its "
+                         "config, and hf_outheads builds its backbone with AutoModel.from_config.")
+    body, head = backbone_module(model), model.get_output_embeddings()
+    if body is model:  # (T5: the body is the model less its head)
+        return
+    known = {id(p) for module in (body, head) if module is not None for p in module.parameters()}
+    extra = [name for name, p in model.named_parameters() if id(p) not in known]
+    if extra:
+        raise ValueError(f"{type(model).__name__} ('{family}') cannot be converted: its LM head computes more than "
+                         f"`W h + b`: it has {len(extra)} parameters besides its output matrix and bias ({extra[0]}, ...), "
+                         "which no hf_outheads head holds.")
+    if not isinstance(body, expected):
+        raise ValueError(f"{type(model).__name__} ('{family}') cannot be converted: its body is a {type(body).__name__}, "
+                         f"not the {expected.__name__} that AutoModel builds for its config (an hf_outheads model's "
+                         "backbone). Convert the family's full model (its *ForConditionalGeneration).")
+
+
+def head_transform_defaults(options_class, transform: tuple[float, float]) -> dict:
+    """The original's logit transform as defaults of a head whose options take it (`logit_transforms`)."""
+    names = {f.name for f in dataclasses.fields(options_class)}
+    values = {"logit_scale": transform[0], "logit_softcap": transform[1]}
+    return {name: value for name, value in values.items() if name in names}
+
+
 def origin(pretrained, original: PreTrainedModel) -> str | None:
     """What the converted model comes from: the Hub id or path it was given, else the loaded
     model's own (`name_or_path`, or the origin an hf_outheads model records)."""
@@ -117,6 +174,8 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
             raise ValueError(f"{pretrained!r} is an {type(original).__name__}, not an {cls.__name__}: load it with "
                              f"{type(original).__name__} (its task) instead.")
         return original  # already this head (e.g. a trained `joint` model to fine-tune further): nothing to convert
+    if not is_outheads(original):
+        check_representable(original)
     weight, bias = original_lm_head(original)
     source = original.backbone if is_outheads(original) else original
     embeddings = source.get_decoder().get_input_embeddings().weight
@@ -124,7 +183,9 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
         head_type = "tied" if weight.shape == embeddings.shape and torch.equal(weight, embeddings) else "linear"
     options_class = get_head_class(head_type).Options
     given = head_options if isinstance(head_options, HeadOptions) else options_class.from_dict(head_options)
-    head_options = given.for_conversion()  # checked against head_type by the config
+    transform = original.head.logit_transform() if is_outheads(original) else logit_transform(original.config)
+    # checked against head_type by the config; scale and cap unset: the original's
+    head_options = given.for_conversion().with_defaults(head_transform_defaults(options_class, transform))
     text_config = copy.deepcopy(original.config.text_config if is_outheads(original) else original.config)
     scale = {"hidden_scale": original.config.hidden_scale} if is_outheads(original) else {}
     config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options,
@@ -143,7 +204,11 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
         )
     model.backbone.tie_weights()
     exact = model.head.init_from_lm_head(weight, bias, model.head.conversion_labels(weight, model.output_embedding_matrix()))
-    if not exact:
+    if model.head.logit_transform() != transform:
+        logger.warning("Head '%s' transforms its scores with (scale, softcap) %s and the original LM head of %s with %s "
+                       "(options logit_scale, logit_softcap): its logits differ from the original's.",
+                       head_type, model.head.logit_transform(), type(original).__name__, transform)
+    elif not exact:
         logger.warning(
             "Head '%s' cannot reproduce the original LM head of %s exactly; it starts from the closest "
             "initialisation its form allows (see the head's init_from_lm_head).",

@@ -14,6 +14,11 @@ Llama, Qwen2, Mistral and T5 have none, so a head with a non-zero bias is refuse
 `approximate=True`, which drops the bias and measures the mean KL divergence from the
 original's next-token distributions on given text. Heads without an affine form (mixtures;
 joint with a tanh/sigmoid/relu context) are refused with the reason.
+
+The head's logit transform (`logit_transforms`): its scale over the family's own (Cohere's
+`logit_scale`, Granite's `logits_scaling`; 1 elsewhere) is folded into the output matrix and
+bias; its soft cap goes into the family's field for one (Gemma 2/3's `final_logit_softcapping`,
+`backbones.LOGIT_TRANSFORMS`), and a family without such a field is refused, with the reason.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
-from .backbones import hidden_scale
+from .backbones import hidden_scale, logit_transform, with_logit_softcap
 from .conversion import backbone_state_dict, load_backbone_state_dict, output_bias_slots, write_lm_head
 from .folders import staged_folder
 from .head_catalog import HEAD_CLASSES
@@ -60,13 +65,18 @@ def _scaled(weight: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def plain_config(model, weight: torch.Tensor):
-    """(config of the plain class, its output matrix): the backbone config, tied when the
-    output matrix (times `hidden_scale` over the family's own scale) is E, else untied."""
+    """(config of the plain class, its output matrix): the backbone config with the head's soft cap
+    (`with_logit_softcap`, where it differs from the family's), tied when the output matrix (times
+    `hidden_scale` and the head's logit scale, each over the family's own) is E, else untied."""
     embeddings = model.output_embedding_matrix().detach()
+    scale, cap = model.head.logit_transform()
     for tie in (True, False):
         config = copy.deepcopy(model.config.text_config)
         config.tie_word_embeddings = tie
-        output = _scaled(weight, model.config.hidden_scale / hidden_scale(config))
+        if cap != logit_transform(config)[1]:
+            with_logit_softcap(config, cap)
+        factor = model.config.hidden_scale / hidden_scale(config) * scale / logit_transform(config)[0]
+        output = _scaled(weight, factor)
         if not tie or output.shape == embeddings.shape and torch.equal(output, embeddings):
             return config, output
 
@@ -77,6 +87,8 @@ def build_plain(model, approximate: bool = False) -> tuple[PreTrainedModel, bool
     `approximate` is False."""
     weight, bias = model.head.equivalent_lm_head(model.output_embedding_matrix())
     config, output = plain_config(model, weight)
+    if bias is not None:  # the head's logit scale over the family's
+        bias = _scaled(bias, model.head.logit_transform()[0] / logit_transform(config)[0])
     auto = AutoModelForSeq2SeqLM if model.config.is_encoder_decoder else AutoModelForCausalLM
     plain = auto.from_config(config, dtype=output.dtype).to(output.device)
     exact = bool(output_bias_slots(plain)) or bias is None or not torch.count_nonzero(bias)

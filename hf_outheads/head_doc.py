@@ -45,8 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from .head_interface import IGNORE_INDEX, HeadInputs, Paper
-from .latents import MixtureOptions
-from .mixture import MixtureHead
+from .mixture import MixtureHead, SoftmaxMixtureOptions
 from .head_options import HeadDims, flag, number, pairs
 
 
@@ -62,7 +61,7 @@ def resolve_layer(layer: int, num_layers: int) -> int:
 
 
 @dataclass
-class DOCOptions(MixtureOptions):
+class DOCOptions(SoftmaxMixtureOptions):
     components: list = pairs(lambda: [[-1, 15], [-2, 5]], names=("layer", "count"))
     regularizer_weight: float = number(0.001, low=0.0)
     middle_layer_norm: bool = flag(True)

@@ -257,7 +257,8 @@ class DrillHead(TiedToEmbeddings, SoftmaxHead):
         An untied original is approximated by the least-squares fit of `W - E` on `E^(k-1)`
         (a label row is a function of its embedding only; exact with relu when `W - E` lies
         in that column span). Returns whether the achieved `E^(k)` equals `W` up to a row
-        constant (relative 1e-5).
+        constant (relative 1e-5; exactly, when the head soft-caps its scores: a constant then
+        changes the distribution, so relu and sigmoid layers are approximate).
         """
         exact_bias = self.copy_bias(bias)
         with torch.no_grad():
@@ -282,5 +283,6 @@ class DrillHead(TiedToEmbeddings, SoftmaxHead):
                 branch = self.act(pre + b) + E
                 previous = branch + previous if self.options.residual_previous and i > 0 else branch
             error = previous - target_final
-            error = error - error.mean(dim=0, keepdim=True)
+            if not self.logit_transform()[1]:  # a row constant moves a position's scores alike: the same softmax,
+                error = error - error.mean(dim=0, keepdim=True)  # but not the same soft-capped one
             return exact_bias and bool(error.abs().max() <= 1e-5 * max(target_final.abs().max().item(), 1.0))

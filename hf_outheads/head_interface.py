@@ -51,10 +51,11 @@ class HeadOutput(ModelOutput):
     """`logits` are scores, or normalised log-probabilities when `head.returns_log_probs`.
 
     `nll_sum` is the summed negative log-likelihood of the non-ignored labels (the model
-    divides by the token count); `extra_nll_sum` a further (weighted) sum of negative
-    log-likelihoods that the model divides by the same count and adds to `loss`, not to
-    `nll_loss` (the `mtp` head's future tokens): it sums over micro-batches and processes as
-    `nll_sum` does; `aux_loss` is an extra training term that is a mean over its micro-batch
+    divides by the token count); `extra_nll_sum` a further (weighted) per-token training term,
+    summed, that the model divides by the same count and adds to `loss`, not to `nll_loss` (the
+    `mtp` head's future tokens, the z-loss): it sums over micro-batches and processes as
+    `nll_sum` does (only the gradient of the two together is defined: a fused loss computes it
+    in one pass and hands it over with `nll_sum`); `aux_loss` is an extra training term that is a mean over its micro-batch
     (DOC's regulariser); `aux_terms` names the parts of the extra terms, detached, for logging
     (`{"mtp_nll_1": ..., ...}`; None: nothing to log apart).
     A `ModelOutput` (a dict), so that libraries that hook module outputs find its tensors:
@@ -238,6 +239,12 @@ class OutputHead(nn.Module):
         """Raise a ValueError if loaded values break the head's invariants; called after
         `load_state_dict` and `from_pretrained`. Default: nothing to check."""
         return None
+
+    def logit_transform(self) -> tuple[float, float]:
+        """`(scale, cap)`: the head's scores are `cap tanh(scale s / cap)` of the affine scores `s`
+        (cap 0: `scale s`; `logit_transforms`), as `equivalent_lm_head` / `plain_lm_head` give `s`.
+        Default: `(1.0, 0.0)`, for heads without these options."""
+        return 1.0, 0.0
 
     def plain_lm_head(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`(weight, bias)` when this head is a plain `weight h + b` softmax (`tied`, `linear`),

@@ -57,8 +57,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .head_interface import Paper
-from .latents import KONG_2019, MixtureOptions
-from .mixture import MixtureHead
+from .latents import KONG_2019
+from .mixture import MixtureHead, SoftmaxMixtureOptions
 from .head_options import integer
 
 YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Model", "https://arxiv.org/abs/1711.03953",
@@ -72,7 +72,7 @@ YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Mod
 
 
 @dataclass
-class MoSOptions(MixtureOptions):
+class MoSOptions(SoftmaxMixtureOptions):
     num_components: int = integer(15, minimum=1)
 
 

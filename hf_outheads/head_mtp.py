@@ -221,6 +221,9 @@ class MTPHead(OutputHead):
     def plain_lm_head(self, embeddings):
         return self.shared.plain_lm_head(embeddings)
 
+    def logit_transform(self) -> tuple[float, float]:
+        return self.shared.logit_transform()
+
     def equivalent_lm_head(self, embeddings):
         """The next-token model's plain LM head (the shared head's): the export drops the predictors."""
         return self.shared.equivalent_lm_head(embeddings)
@@ -268,17 +271,23 @@ class MTPHead(OutputHead):
             return out
         # tokens[t] = token t + 1: the input ids shifted, or the labels (ignored ones unknown)
         tokens = labels if inputs.token_ids is None else shifted(inputs.token_ids, 1, IGNORE_INDEX)
-        sums, counts = [], []
+        sums, counts, extras = [], [], []
         for k, state in self.future_states(inputs.hidden, inputs.embeddings, tokens):
             future = shifted(labels, k, IGNORE_INDEX)  # token t + k + 1
             if self.predictors[k - 1].merge is not None:  # an unknown input token trains nothing
                 future = future.masked_fill(shifted(tokens, k - 1, IGNORE_INDEX) == IGNORE_INDEX, IGNORE_INDEX)
             scored = HeadInputs(self.predictors[k - 1].norm(state), inputs.embeddings, return_logits=False)
-            sums.append(self.shared(scored, future).nll_sum)
+            future_out = self.shared(scored, future)  # its extra term (the shared head's z-loss) weighs as its NLL
+            extras.append(future_out.extra_nll_sum)
+            sums.append(future_out.nll_sum)
             counts.append((future != IGNORE_INDEX).sum().clamp_min(1))
-        weighted = self.options.loss_weight / len(sums) * torch.stack(sums).sum()
         named = {f"mtp_nll_{k}": (total / count).detach() for k, (total, count) in enumerate(zip(sums, counts), start=1)}
-        return HeadOutput(logits=out.logits, nll_sum=out.nll_sum, extra_nll_sum=weighted, aux_terms=named)
+        sums = [total if extra is None else total + extra for total, extra in zip(sums, extras)]
+        weighted = self.options.loss_weight / len(sums) * torch.stack(sums).sum()
+        if out.extra_nll_sum is not None:  # the next-token head's own term (its z-loss)
+            weighted = weighted + out.extra_nll_sum
+        return HeadOutput(logits=out.logits, nll_sum=out.nll_sum, extra_nll_sum=weighted,
+                          aux_terms={**(out.aux_terms or {}), **named})
 
     def candidate_generator(self, model, generation_config, logits_processor, prompt_embeds=None):
         """Drafts from the future predictors (`mtp_drafting.FutureDrafts`)."""

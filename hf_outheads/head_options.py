@@ -6,8 +6,9 @@ An options object is checked when it is built: each field against its declaratio
 names the head and the option), an optional field left unset (None) staying unset. That object,
 built once from what a run or a caller gave (`from_dict`), is what travels: a training run's
 `HeadSpec` carries it, and `OutHeadsConfig(head_options=...)` takes it as it takes a dict.
-`options.resolve(dims)` returns a complete copy: the fields left unset take the head's
-`scratch_defaults` (`for_conversion()` first gives a converted head its `conversion_defaults`),
+`options.resolve(dims)` returns a complete copy: the fields left unset take the backbone's values
+where the options read any (`backbone_defaults(dims)`), then the head's `scratch_defaults`
+(`for_conversion()` first gives a converted head its `conversion_defaults`),
 then the head's `complete(dims)` fills in the values that depend on the backbone (`joint_dim`,
 lightrnn's table shape) and checks the options against each other and against the backbone.
 `resolve` is idempotent: a resolved object (or its `dataclasses.asdict`, the saved config)
@@ -26,12 +27,17 @@ from typing import Any, Callable, ClassVar, Sequence
 
 @dataclass(frozen=True)
 class HeadDims:
-    """Sizes a head is built for, read from the backbone config (see `backbones.head_dims`)."""
+    """Sizes a head is built for, and its backbone family's logit transform, read from the backbone
+    config (see `backbones.head_dims`)."""
 
     vocab_size: int
     embed_dim: int  # d: width of the input embedding matrix E
     hidden_dim: int  # d_h: width of the backbone's final hidden state
     num_layers: int  # number of backbone layers (hidden_states has num_layers + 1 entries)
+    # the family's LM head scores `logit_softcap * tanh(logit_scale * z / logit_softcap)` (softcap 0: `logit_scale * z`),
+    # the defaults of the heads' options of the same names (`logit_transforms.LogitTransformOptions`)
+    logit_scale: float = 1.0
+    logit_softcap: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -190,7 +196,8 @@ class HeadOptions:
     scratch_defaults: ClassVar[dict[str, Any]] = {}
     conversion_defaults: ClassVar[dict[str, Any]] = {}
     # values of fields that a config saved before the field existed lacks: the behaviour of the
-    # version that saved it (`for_saved`, applied when a config.json is loaded)
+    # version that saved it (`for_saved`, applied when a config.json is loaded; a class's entries
+    # are added to its bases')
     saved_defaults: ClassVar[dict[str, Any]] = {}
     # fields an earlier version declared and a saved config may still state, which this head never
     # read: dropped when a config.json is loaded (`for_saved`); still errors anywhere else
@@ -202,7 +209,10 @@ class HeadOptions:
     def for_saved(cls, options: dict[str, Any] | None) -> dict[str, Any]:
         """Saved `options` (a config.json's `head_options`) with `saved_defaults` for the fields it
         lacks, without `retired_options`."""
-        options = {**cls.saved_defaults, **dict(options or {})}
+        defaults = {}  # each class's own `saved_defaults`, a subclass's over its bases'
+        for klass in reversed(cls.__mro__):
+            defaults.update(vars(klass).get("saved_defaults", {}))
+        options = {**defaults, **dict(options or {})}
         return {name: value for name, value in options.items() if name not in cls.retired_options}
 
     @classmethod
@@ -235,9 +245,14 @@ class HeadOptions:
         LM head (`from_backbone`)."""
         return self.with_defaults(self.conversion_defaults)
 
+    def backbone_defaults(self, dims: HeadDims) -> dict[str, Any]:
+        """Values of optional fields that follow the backbone (`dims`) when left unset. Default: none."""
+        return {}
+
     def resolve(self, dims: HeadDims) -> "HeadOptions":
-        """A complete copy: `scratch_defaults` for the fields still unset, then `complete(dims)`."""
-        resolved = self.with_defaults(self.scratch_defaults)
+        """A complete copy: `backbone_defaults(dims)`, then `scratch_defaults` for the fields still
+        unset, then `complete(dims)`."""
+        resolved = self.with_defaults(self.backbone_defaults(dims)).with_defaults(self.scratch_defaults)
         resolved.complete(dims)
         resolved.resolved_for = dims
         return resolved

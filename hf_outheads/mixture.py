@@ -9,9 +9,16 @@ log-probabilities. The reference codes mix probabilities and take `log(p + 1e-8)
 The training loss never builds `N x J x |V|`: `losses.mixture_nll_sum` computes it and its
 gradient in one pass over row chunks (nothing recomputed in backward). Generation's few rows
 are one batched matmul over the J latents (`mixture_log_probs`).
+
+The scores' scale and soft cap (`logit_transforms`, the backbone family's by default) apply to each
+component's scores before its softmax, `softmax(cap tanh(scale s_j / cap))`: it is how the heads the
+components stand for compute theirs, and a mixture converted from such a backbone, whose components
+all start as the original head, then still gives exactly its distribution.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,17 +27,24 @@ from transformers import initialization as init
 
 from .head_interface import HeadInputs, HeadOutput, OutputHead, TiedToEmbeddings, nll_sum_from_logits
 from .latents import MixtureOptions, PriorAndLatents
+from .logit_transforms import LogitTransformOptions, logit_transform, scaled_affine, softcap
 from .losses import grad_needed, log_probs_chunk_rows, mixture_nll_sum, over_row_chunks
 from .head_options import HeadDims
 
 
-def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    scores = F.linear(latents, weight, bias).log_softmax(-1)  # (rows, J, |V|)
+def _mix(log_prior: torch.Tensor, latents: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, cap: float):
+    scores = softcap(F.linear(latents, weight, bias), cap).log_softmax(-1)  # (rows, J, |V|)
     return torch.logsumexp(scores + log_prior.unsqueeze(-1), dim=-2)
 
 
-def mixture_log_probs(log_prior, latents, weight, bias) -> torch.Tensor:
-    """Full `log p(.|h)`, `(..., |V|)` fp32, from `log_prior (..., J)` and `latents (..., J, d)`.
+@dataclass
+class SoftmaxMixtureOptions(MixtureOptions, LogitTransformOptions):
+    """The mixtures' options (`MixtureOptions`) and each component's scale and soft cap (`LogitTransformOptions`)."""
+
+
+def mixture_log_probs(log_prior, latents, weight, bias, cap: float = 0.0) -> torch.Tensor:
+    """Full `log p(.|h)`, `(..., |V|)` fp32, from `log_prior (..., J)` and `latents (..., J, d)`, each
+    component's scores soft-capped at `cap` (0: none).
     Up to `losses.LOG_PROBS_CHUNK_ELEMENTS` of `rows x J x |V|` scores (generation's last positions): one
     batched matmul over the J latents. More rows: chunks (`over_row_chunks`: checkpointed
     under autograd, one call when traced), so at most one chunk of scores exists at a time."""
@@ -39,7 +53,7 @@ def mixture_log_probs(log_prior, latents, weight, bias) -> torch.Tensor:
     weight, bias = weight.float(), bias.float()
     grad = grad_needed(log_prior, latents, weight, bias)
     rows = log_probs_chunk_rows(J * V)
-    return over_row_chunks(_mix, (log_prior, latents), (weight, bias), rows, grad, V).reshape(*lead, V)  # (..., 0, V) if empty
+    return over_row_chunks(_mix, (log_prior, latents), (weight, bias, cap), rows, grad, V).reshape(*lead, V)  # (..., 0, V) if empty
 
 
 class MixtureHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
@@ -90,15 +104,19 @@ class MixtureHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
         the exact loss only, `logits=None`, unless `inputs.return_logits` is True (model
         forward argument `return_logits`). With labels otherwise (evaluation): both."""
         log_prior = self.log_prior(inputs.hidden)
-        latents = self.latent_states(inputs)
+        scale, cap = logit_transform(self.options)
+        latents, bias = scaled_affine(self.latent_states(inputs), self.bias, scale)  # scale (W k_j + b)
         weight = inputs.embeddings if self.options.tied else self.weight
         aux = self.aux_loss(log_prior, labels) if self.training and labels is not None else None
         if self.needs_logits(inputs, labels):
-            logits = mixture_log_probs(log_prior, latents, weight, self.bias)
+            logits = mixture_log_probs(log_prior, latents, weight, bias, cap)
             nll = nll_sum_from_logits(logits, labels) if labels is not None else None
             return HeadOutput(logits=logits, nll_sum=nll, aux_loss=aux)
-        nll = mixture_nll_sum(log_prior, latents, weight, self.bias, labels)
+        nll = mixture_nll_sum(log_prior, latents, weight, bias, labels, softcap=cap)
         return HeadOutput(logits=None, nll_sum=nll, aux_loss=aux)
+
+    def logit_transform(self) -> tuple[float, float]:
+        return logit_transform(self.options)
 
     @torch.no_grad()
     def init_from_lm_head(self, weight, bias, embeddings) -> bool:

@@ -106,6 +106,11 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         model.head.check_state()  # loaded values the head needs consistent (lightrnn's code table)
         return (model, info) if want_info else model
 
+    def _supports_default_dynamic_cache(self) -> bool:
+        """transformers tells the families that bring a cache of their own (MiniMax, RWKV, xLSTM, ...) by the
+        model class's name: here the backbone's."""
+        return GenerationMixin._supports_default_dynamic_cache.__func__(type(self.backbone))
+
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate` inside `head.generation_scope()` (e.g. one label matrix per call);
         the prompt's ids are checked first (a seq2seq encoder runs outside `forward`)."""
@@ -281,9 +286,9 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_loss=aux_loss,
             aux_terms=aux_terms,
             logits=logits,
-            cache=outputs.cache,
+            cache=getattr(outputs, "cache", None),  # (none in the outputs of some families: Mamba, RWKV, XLM, ...)
             hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden, outputs.last_hidden_state),
-            attentions=outputs.attentions,
+            attentions=getattr(outputs, "attentions", None),
         )
 
 

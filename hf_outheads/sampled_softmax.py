@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .head_interface import IGNORE_INDEX
+from .logit_transforms import softcap
 
 
 def sample_candidates(
@@ -54,8 +55,10 @@ def sampled_nll_sum(
     labels: torch.Tensor,
     fraction: float,
     log_q: torch.Tensor | None = None,
+    cap: float = 0.0,
 ) -> torch.Tensor:
-    """Summed NLL of the non-ignored labels under the sampled softmax (fp32)."""
+    """Summed NLL of the non-ignored labels under the sampled softmax (fp32), of the candidates'
+    scores soft-capped at `cap` (`logit_transforms.softcap`; 0: none) before the correction."""
     labels = labels.reshape(-1)
     keep = labels != IGNORE_INDEX
     context, labels = context.reshape(-1, context.shape[-1])[keep], labels[keep]
@@ -64,5 +67,6 @@ def sampled_nll_sum(
     positives, negatives, log_incl = sample_candidates(labels, weight.shape[0], fraction, log_q)
     candidates = torch.cat([positives, negatives])
     scores = F.linear(context.float(), weight[candidates].float(), None if bias is None else bias[candidates].float())
+    scores = softcap(scores, cap)
     correction = torch.cat([log_incl.new_zeros(positives.shape), log_incl])  # targets are in with certainty
     return F.cross_entropy(scores - correction, torch.searchsorted(positives, labels), reduction="sum")

@@ -13,7 +13,10 @@ What they share, for speed and memory:
     forces one); no logits returned. The default, "auto", is "chunked" on a CUDA device and
     "full" elsewhere;
   - `training_loss="sampled"`: the joint-embedding paper's sampled softmax in training
-    (`sampled_softmax.py`), full softmax for evaluation and generation.
+    (`sampled_softmax.py`), full softmax for evaluation and generation;
+  - the scores' scale and soft cap (`logit_transforms`: the backbone family's by default, as
+    Gemma 2/3's or Cohere's LM head) in every path, and a z-loss in training (the scores'
+    log-normaliser from the same pass: the fused kernels' `lse`), counted in `loss`, not `nll_loss`.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .head_interface import (HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits, training_mode,
-                             word_count_vector, word_rows)
+from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits,
+                             training_mode, word_count_vector, word_rows)
 from .losses import linear_cross_entropy
-from .head_options import HeadOptions, choice, flag, number
-from .loss_kernels import PEER_KERNELS, fastest_kernel
+from .head_options import choice, flag, number
+from .logit_transforms import LogitTransformOptions, logit_transform, scaled_affine, softcap, z_loss_sum
+from .loss_kernels import PEER_KERNELS, fastest_kernel, needed_features, unsupported
 from .sampled_softmax import sampled_nll_sum
 
 TRAINING_LOSSES = ("auto", "full", "chunked", "sampled")
@@ -41,7 +45,7 @@ PROPOSALS = ("uniform", "unigram")
 
 
 @dataclass
-class SoftmaxOptions(HeadOptions):
+class SoftmaxOptions(LogitTransformOptions):
     """training_loss: "full" (logits and cross-entropy, as transformers), "chunked" (exact
     loss without logits), "sampled" (candidate-set sampled softmax, training only), or "auto"
     (default: "chunked" on a CUDA device, "full" elsewhere); loss_kernel: what computes the
@@ -50,13 +54,28 @@ class SoftmaxOptions(HeadOptions):
     sampled_fraction: share of the vocabulary in the candidate set (paper: 0.25; Table 4 also
     0.05, 0.5); sampled_proposal: "uniform" (paper) or "unigram" (needs `set_word_counts`);
     output_bias: learn a per-word output bias `b` (the papers' form); False: no bias, so that
-    the trained head exports exactly as a stock LM head without one (GPT-2, Llama, T5, ...)."""
+    the trained head exports exactly as a stock LM head without one (GPT-2, Llama, T5, ...);
+    logit_scale, logit_softcap: `LogitTransformOptions` (the backbone family's by default);
+    z_loss: coefficient `c` of the z-loss `c log(Z)^2` per scored token in training (PaLM:
+    1e-4), 0 for none; not with the sampled loss, which never computes the full `log Z`."""
 
     training_loss: str = choice("auto", TRAINING_LOSSES)
     loss_kernel: str = choice("auto", LOSS_KERNELS)
     sampled_fraction: float = number(0.25, 0.0, 1.0, open_low=True)
     sampled_proposal: str = choice("uniform", PROPOSALS)
     output_bias: bool = flag(True)
+    z_loss: float = number(0.0, 0.0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.z_loss and self.training_loss == "sampled":
+            self.fail("option 'z_loss' needs the full log-normaliser log Z, which the sampled loss (training_loss="
+                      "'sampled') never computes: use another training_loss, or z_loss 0.")
+        why = self.loss_kernel in PEER_KERNELS and unsupported(self.loss_kernel, needed_features(
+            self.logit_softcap, self.z_loss))
+        if why:
+            self.fail(f"option 'loss_kernel'={self.loss_kernel!r}: {why}; use 'auto' (the fastest kernel that does) "
+                      "or 'own'.")
 
 
 @dataclass
@@ -199,10 +218,18 @@ class SoftmaxHead(OutputBias, OutputHead):
         return super().train(mode)
 
     def word_scorer(self, embeddings: torch.Tensor, rows: torch.Tensor | None = None):
-        """`h -> L[rows] (A h + c) + b[rows]`: `forward`'s logits at the columns `rows` (None: all),
-        the label matrix taken once (`current_label_matrix`, kept within `generation_scope()`)."""
+        """`h -> L[rows] (A h + c) + b[rows]`, scaled and capped: `forward`'s logits at the columns `rows`
+        (None: all), the label matrix taken once (`current_label_matrix`, kept within `generation_scope()`)."""
         weight, bias = word_rows(self.current_label_matrix(self.label_source(embeddings)), self.bias, rows)
-        return lambda hidden: F.linear(self.context(hidden), weight, bias)
+        scale, cap = logit_transform(self.options)
+
+        def scores(hidden):
+            context, scaled_bias = scaled_affine(self.context(hidden), bias, scale)
+            return softcap(F.linear(context, weight, scaled_bias), cap)
+        return scores
+
+    def logit_transform(self) -> tuple[float, float]:
+        return logit_transform(self.options)
 
     def loss_path(self, device: torch.device) -> str:
         """`training_loss` resolved for a training forward on `device`, and for the fused loss the
@@ -210,15 +237,15 @@ class SoftmaxHead(OutputBias, OutputHead):
         mode = training_mode(self.options.training_loss, True, device)
         if mode != "chunked":
             return mode
-        kernel = self.options.loss_kernel
-        kernel = fastest_kernel(device.type, self.dims.vocab_size) if kernel == "auto" else kernel
+        kernel, needs = self.options.loss_kernel, needed_features(self.options.logit_softcap, self.options.z_loss)
+        kernel = fastest_kernel(device.type, self.dims.vocab_size, needs) if kernel == "auto" else kernel
         return super().loss_path(device) if kernel == "own" else f"chunked: {kernel}"
 
     def set_word_counts(self, counts: torch.Tensor) -> None:
         """Unigram proposal for `sampled_proposal="unigram"` (add-one smoothed)."""
         self._log_unigram = torch.log(word_count_vector(self, counts).float() + 1.0)
 
-    def _sampled_nll(self, context, weight, labels) -> torch.Tensor:
+    def _sampled_nll(self, context, weight, bias, labels) -> torch.Tensor:
         log_q = None
         if self.options.sampled_proposal == "unigram":
             if self._log_unigram is None:
@@ -227,17 +254,35 @@ class SoftmaxHead(OutputBias, OutputHead):
                     "model.head.set_word_counts(counts) with the training-set word counts first."
                 )
             log_q = self._log_unigram.to(context.device)
-        return sampled_nll_sum(context, weight, self.bias, labels, self.options.sampled_fraction, log_q)
+        return sampled_nll_sum(context, weight, bias, labels, self.options.sampled_fraction, log_q,
+                               self.options.logit_softcap)
 
     def forward(self, inputs: HeadInputs, labels: torch.Tensor | None = None) -> HeadOutput:
+        """Logits (scores `softcap(scale (L c + b))`), or in training with the fused or sampled loss
+        only the loss; with the z-loss (training only) its sum is `extra_nll_sum`, its mean `aux_terms`'
+        `z_loss`. The fused kernels compute the gradient of NLL and z-loss together and return the
+        z-loss without one, so there `nll_sum` carries the sum's gradient: a caller weights the two alike."""
         weight = self.current_label_matrix(self.label_source(inputs.embeddings))
-        context = self.context(inputs.hidden)
+        scale, cap = logit_transform(self.options)
+        context, bias = scaled_affine(self.context(inputs.hidden), self.bias, scale)
         mode = training_mode(self.options.training_loss, self.training, inputs.hidden.device, inputs.return_logits)
+        z_coefficient = self.options.z_loss if self.training and labels is not None else 0.0
         if labels is None or mode == "full":
             logits = F.linear(context, weight)  # no view (F.linear with a bias returns one for 3-d input: FSDP2
-            logits = logits if self.bias is None else logits.add_(self.bias)  # warns), one |V|-wide pass more
-            return HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels) if labels is not None else None)
+            logits = softcap(logits if bias is None else logits.add_(bias), cap)  # warns), one |V|-wide pass more
+            if labels is None:
+                return HeadOutput(logits=logits)
+            z = z_loss_sum(logits, labels, z_coefficient) if z_coefficient else None
+            return self._with_z_loss(HeadOutput(logits=logits, nll_sum=nll_sum_from_logits(logits, labels)), z, labels)
         if mode == "sampled":
-            return HeadOutput(nll_sum=self._sampled_nll(context, weight, labels))
-        return HeadOutput(nll_sum=linear_cross_entropy(context, weight, labels, self.bias, reduction="sum",
-                                                       impl=self.options.loss_kernel))
+            return HeadOutput(nll_sum=self._sampled_nll(context, weight, bias, labels))
+        total, z = linear_cross_entropy(context, weight, labels, bias, reduction="sum", impl=self.options.loss_kernel,
+                                        softcap=cap, z_loss=z_coefficient, return_z_loss=True)
+        return self._with_z_loss(HeadOutput(nll_sum=total if z is None else total - z), z, labels)
+
+    @staticmethod
+    def _with_z_loss(out: HeadOutput, z: torch.Tensor | None, labels: torch.Tensor) -> HeadOutput:
+        if z is not None:
+            out.extra_nll_sum = z
+            out.aux_terms = {"z_loss": (z / (labels != IGNORE_INDEX).sum().clamp_min(1)).detach()}
+        return out

@@ -13,6 +13,11 @@ results exist is reused, so a killed comparison resumes where it stopped. With `
 N runs train at once, each with `cores / N` torch threads. Written: `results.md`,
 `results.json`, `curves.png` (perplexity per evaluation, mean and range over seeds) and
 `walltime.png` (the same against cumulated training seconds).
+
+`--add_to <folder>` adds runs to a written comparison (its `results.json`, e.g. a regime's in
+studies/results) without training its other runs again: only `--heads` train (with the comparison's
+own config and flags), at its seeds, and replace the runs of the same names; the tables are written
+from all of them into that folder.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ def add_flags(parser):
     parser.add_argument("--launch_args", default="--num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no",
                         help="Arguments for `accelerate launch` before the script (quote them as one string).")
     parser.add_argument("--no_plot", action="store_true", help="Skip the plots even if matplotlib is installed.")
+    parser.add_argument("--add_to", type=Path, default=None,
+                        help="A comparison's folder (with results.json): train only --heads at its seeds, keep its other "
+                             "runs, and write the merged tables there (give the comparison's own config and flags).")
 
 
 def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
@@ -113,6 +121,12 @@ def main(argv=None):
     extra = options.extra
     names = [h.strip() for h in extra["heads"].split(",") if h.strip()]
     seeds = [int(s) for s in extra["seeds"].split(",")] if extra["seeds"] else [options.seed]
+    saved = json.loads((extra["add_to"] / "results.json").read_text()) if extra["add_to"] else None
+    if saved is not None and extra["seeds"] is None:
+        seeds = saved["seeds"]
+    elif saved is not None and seeds != saved["seeds"]:
+        raise SystemExit(f"--add_to {extra['add_to']}: its runs are at seeds {saved['seeds']}, not {seeds}: the added "
+                         "runs must pair with them (drop --seeds).")
     specs = run_specs(options, names)
     jobs = max(1, extra["jobs"])
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -122,6 +136,9 @@ def main(argv=None):
         runs = list(pool.map(lambda job: run_one(options, job[0], specs[job[0]], job[1], extra["launch_args"], threads),
                              [(name, seed) for name in names for seed in seeds]))
     command = "python -m studies.compare_heads " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if saved is not None:  # the comparison's other runs as they were, then the added ones
+        runs = [run for run in saved["runs"] if run["name"] not in names] + runs
+        command, output_dir = f"{saved['command']}; then {command}", extra["add_to"]
     return write_results(output_dir, command, seeds, runs, plot=not extra["no_plot"])
 
 

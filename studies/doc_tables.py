@@ -12,9 +12,14 @@ The tables (`TABLES`), each named in its begin marker:
     class's `papers`, `exact_plain_export`) and, per regime, its runs against the best plain head
     (the regimes' `results.json`);
   - `serving` (hf_outheads/README.md): what `export_plain` writes for each head, on the families
-    with and without an output bias (`exact_plain_export`, `plain_export_limit`).
+    with and without an output bias (`exact_plain_export`, `plain_export_limit`);
+  - `families` (hf_outheads/README.md): the transformers families `from_backbone` converts exactly and
+    those it refuses, with the reason, and `unbuilt_families` (studies/results/families.md): those the
+    sweep could not build here or did not try, with the reason (`studies/results/families.json`, written
+    by `python -m studies.family_sweep`).
 A new head gets its rows from its class and, once a regime has run it, its results; a new regime
-is a line of `regimes.REGIMES`. Rerun this command after either.
+is a line of `regimes.REGIMES`; a new transformers release, a rerun of the family sweep. Rerun this
+command after any of them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 
 from hf_outheads import HEAD_CLASSES
 from hf_outheads.head_interface import Paper
+from studies.family_sweep import RESULTS as FAMILIES
 from studies.regimes import REGIMES, RESULTS, regime_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,8 +129,36 @@ def serving_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def sweep_rows(*statuses: str) -> tuple[str, list[dict]]:
+    """(the transformers version, the family sweep's outcomes with these statuses)."""
+    found = json.loads(FAMILIES.read_text())
+    return found["transformers"], [o for o in found["outcomes"] if o["status"] in statuses]
+
+
+def families_table() -> str:
+    """hf_outheads/README.md's list of the families converted exactly, and table of those refused."""
+    version, exact = sweep_rows("exact")
+    _, refused = sweep_rows("refused")
+    names = ", ".join(f"`{o['family']}`" for o in exact)
+    lines = [f"Exact on transformers {version} ({len(exact)} model classes: logits to 1e-5 in fp32 with logits "
+             f"far from 0, loss and greedy tokens): {names}.", "",
+             "| refused | class | why |", "| --- | --- | --- |"]
+    lines += [f"| `{o['family']}` | `{o['model_class']}` | {o['detail'].split('cannot be converted: ', 1)[-1]} |"
+              for o in refused]
+    return "\n".join(lines) + "\n"
+
+
+def unbuilt_families_table() -> str:
+    """studies/results/families.md's table of the families the sweep could not build or did not try."""
+    version, rows = sweep_rows("unbuildable", "skipped")
+    lines = [f"| family (transformers {version}) | class | outcome | why |", "| --- | --- | --- | --- |"]
+    lines += [f"| `{o['family']}` | `{o['model_class']}` | {o['status']} | {o['detail'].replace('|', '/')} |"
+              for o in rows]
+    return "\n".join(lines) + "\n"
+
+
 TABLES = {"regimes": lambda: regime_table([RESULTS / folder for folder in REGIMES]), "heads": head_table,
-          "serving": serving_table}
+          "serving": serving_table, "families": families_table, "unbuilt_families": unbuilt_families_table}
 
 
 def blocks(text: str) -> list[tuple[str, int, int]]:

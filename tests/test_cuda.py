@@ -143,6 +143,38 @@ def test_summed_loss_kernels_equal_the_full_logits_in_bf16(kernel):
         torch.testing.assert_close(g_got / scale, g_want / scale, rtol=0, atol=3e-2, msg=name)
 
 
+@pytest.mark.parametrize("kernel", ["auto", "own", "liger", "cce"])
+def test_summed_loss_kernels_with_soft_cap_and_z_loss_equal_the_full_logits_in_bf16(kernel):
+    """The soft cap (every kernel that takes it) and the z-loss (the own kernels and Liger's; CCE has none)
+    against fp32 soft-capped logits, to bf16 tolerance; the z-loss part comes back without gradient."""
+    import torch.nn.functional as F
+
+    from hf_outheads import losses, loss_kernels
+
+    if kernel in loss_kernels.PEER_KERNELS and loss_kernels.unavailable(kernel, "cuda"):
+        pytest.skip(loss_kernels.unavailable(kernel, "cuda"))
+    cap, z_loss = 5.0, 0.0 if kernel == "cce" else 1e-3
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    x = (torch.randn(777, 256, device=CUDA, generator=g) * 0.5).requires_grad_()
+    weight = (torch.randn(5000, 256, device=CUDA, generator=g) * 0.5).requires_grad_()  # scores past the cap
+    bias = (torch.randn(5000, device=CUDA, generator=g) * 0.1).requires_grad_()
+    target = torch.randint(0, 5000, (777,), device=CUDA, generator=g)
+    target[::7] = -100
+    scores = cap * torch.tanh(F.linear(x, weight, bias) / cap)
+    want_z = z_loss * (scores.logsumexp(-1).square() * (target != -100)).sum()
+    want = F.cross_entropy(scores, target, reduction="sum") + want_z
+    want_grads = torch.autograd.grad(want, (x, weight, bias))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got, z = losses.linear_cross_entropy(x, weight, target, bias, impl=kernel, reduction="sum", softcap=cap,
+                                             z_loss=z_loss, return_z_loss=True)
+    torch.testing.assert_close(got, want.detach(), rtol=1e-2, atol=0)
+    if z_loss:
+        torch.testing.assert_close(z, want_z.detach(), rtol=2e-2, atol=0)
+    for name, g_got, g_want in zip(("x", "weight", "bias"), torch.autograd.grad(got, (x, weight, bias)), want_grads):
+        scale = g_want.abs().max()
+        torch.testing.assert_close(g_got / scale, g_want / scale, rtol=0, atol=3e-2, msg=name)
+
+
 @pytest.mark.parametrize("head", ["tied", "mos"])  # a peer's kernel; the own kernels behind a graph break
 def test_compiled_training_step_equals_eager_on_cuda(head):
     """`torch.compile` on CUDA with the default training loss (`auto`: the fused loss, on the

@@ -104,9 +104,9 @@ def test_the_readme_installs_each_extra_once():
 
 
 def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
-    """README.md's head table, hf_outheads/README.md's serving table and regimes.md's table are what
-    `python -m studies.doc_tables` writes from the head classes and the results files; a figure or a
-    seed count edited by hand, in any of them, no longer matches."""
+    """README.md's head table, hf_outheads/README.md's serving table and list of families, regimes.md's
+    and families.md's tables are what `python -m studies.doc_tables` writes from the head classes and the
+    results files; a figure, a seed count or a family edited by hand, in any of them, no longer matches."""
     from studies.doc_tables import documents, held_and_current
 
     tables = {}
@@ -114,9 +114,10 @@ def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
         for name, held, now in held_and_current(path):
             assert held == now, f"{path.relative_to(ROOT)}: table `{name}` is not current: run python -m studies.doc_tables"
             tables[name] = (path, held)
-    assert set(tables) == {"heads", "serving", "regimes"}
+    assert set(tables) == {"heads", "serving", "regimes", "families", "unbuilt_families"}
     edits = {"heads": ("-5.2% (3/3)", "-5.2% (1/3)"), "serving": ("not at all: a mixture", "exact: a mixture"),
-             "regimes": ("| +8.9% (0/3) |", "| +9.9% (0/3) |")}
+             "regimes": ("| +8.9% (0/3) |", "| +9.9% (0/3) |"), "families": ("`gpt2`, ", "`gpt3`, "),
+             "unbuilt_families": ("| unbuildable |", "| exact |")}
     for name, (before, after) in edits.items():
         path, held = tables[name]
         assert before in held, (name, before)

@@ -13,9 +13,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-QUEUE = ["tied", "linear", "sigsoftmax", "mos-k1", "drill-own", "mos", "doc", "lightrnn"]  # the config's order
+QUEUE = yaml.safe_load((ROOT / "studies" / "configs" / "scale_gpt2small.yaml").read_text())["queue"]  # in its order
 
 
 @pytest.fixture(scope="module")

@@ -238,4 +238,4 @@ def test_defaults_are_stored_in_the_config():
     assert config.head_options == {"depth": 2, "activation": "relu", "dropout": 0.1, "dropout_kind": "standard",
                                    "dropout_position": "input", "residual_previous": False, "labels": "embeddings",
                                    "training_loss": "auto", "loss_kernel": "auto", "sampled_fraction": 0.25, "sampled_proposal": "uniform",
-                                   "output_bias": True}
+                                   "output_bias": True, "logit_scale": 1.0, "logit_softcap": 0.0, "z_loss": 0.0}

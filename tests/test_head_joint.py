@@ -121,7 +121,7 @@ def test_joint_dim_defaults_to_the_size_each_form_needs():
     assert config.head_options == {"joint_dim": 32, "activation": "identity", "form": "both", "init": "identity", "map_scale": 0.01,
                                    "labels": "embeddings",
                                    "training_loss": "auto", "loss_kernel": "auto", "sampled_fraction": 0.25, "sampled_proposal": "uniform",
-                                   "output_bias": True}
+                                   "output_bias": True, "logit_scale": 1.0, "logit_softcap": 0.0, "z_loss": 0.0}
     narrow = HeadDims(vocab_size=99, embed_dim=16, hidden_dim=32, num_layers=2)
     for form, size in (("both", 32), ("output", 32), ("context", 16), ("bilinear", 16)):
         assert JointOptions(form=form).resolve(narrow).joint_dim == size

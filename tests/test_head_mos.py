@@ -138,7 +138,7 @@ def test_untied_latent_dim_and_saved_defaults():
     defaults = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos").head_options
     assert defaults == {"latent_dim": None, "tied": False, "latent_activation": "identity", "latent_dropout": 0.0,
                         "dropout_kind": "locked", "latent_init": "identity", "latent_init_noise": 0.02, "map_scale": 0.01,
-                        "num_components": 15}
+                        "num_components": 15, "logit_scale": 1.0, "logit_softcap": 0.0}
 
 
 def convert(name, **options):

@@ -200,3 +200,121 @@ def test_auto_training_loss_is_the_fused_loss_on_cuda_and_the_full_one_elsewhere
     assert training_mode("auto", True, cuda, return_logits=True) == "full"
     assert training_mode("full", True, cpu, return_logits=False) == "chunked"
     assert training_mode("sampled", True, cpu, return_logits=False) == "sampled"
+
+
+CAP, Z_LOSS = 2.0, 1e-2  # scores of about +-3 to +-9 below: far into the cap
+
+
+def capped_reference(x, weight, bias, target, softcap, z_loss):
+    """NLL plus `z_loss * lse^2` per kept row of the soft-capped scores, written out in fp32."""
+    scores = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    scores = softcap * torch.tanh(scores / softcap) if softcap else scores
+    keep = target != -100
+    z = z_loss * (scores.logsumexp(-1).square() * keep).sum()
+    return F.cross_entropy(scores, target, reduction="sum") + z, z
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernels_soft_cap_and_z_loss_equal_the_torch_statistics_and_gradient(with_bias):
+    g = torch.Generator().manual_seed(1)
+    vocab = 300
+    z = (3 * torch.randn(6, vocab, generator=g)).to(DEVICE)
+    bias = torch.randn(vocab, generator=g).to(DEVICE) if with_bias else None
+    labels = torch.tensor([3, -1, vocab - 1, 0, 17, 150], device=DEVICE)
+    scale = (labels >= 0).float()
+    lse, target = softmax_kernels.row_stats(z, bias, labels, softcap=CAP)
+    s = z + (0 if bias is None else bias)
+    capped = CAP * torch.tanh(s / CAP)
+    torch.testing.assert_close(lse, capped.logsumexp(-1), rtol=1e-5, atol=1e-5)
+    want_target = torch.where(labels >= 0, capped.gather(1, labels.clamp_min(0)[:, None])[:, 0], 0.0)
+    torch.testing.assert_close(target, want_target, rtol=1e-5, atol=1e-5)
+    grad = softmax_kernels.softmax_grad_(z.clone(), bias, labels, lse, scale, softcap=CAP, z_loss=Z_LOSS)
+    z32 = s.clone().requires_grad_()
+    capped = CAP * torch.tanh(z32 / CAP)
+    gold = capped.log_softmax(-1).gather(1, labels.clamp_min(0)[:, None])[:, 0]
+    (-(scale * gold).sum() + Z_LOSS * (scale * capped.logsumexp(-1).square()).sum()).backward()
+    torch.testing.assert_close(grad, z32.grad, rtol=1e-5, atol=1e-6)
+
+
+def check_capped_loss(impl, softcap, z_loss, **tolerance):
+    params, target = on_device(*single_softmax_problem())
+    with torch.no_grad():
+        params[1].mul_(10.0)  # scores far past the cap
+    got, z = losses.linear_cross_entropy(*params[:2], target, params[2], impl=impl, reduction="sum", softcap=softcap,
+                                         z_loss=z_loss, return_z_loss=True)
+    want, want_z = capped_reference(*params, target, softcap, z_loss)
+    torch.testing.assert_close(got, want, **tolerance)
+    assert (z is None) == (not z_loss) and (z is None or not z.requires_grad)
+    if z_loss:
+        torch.testing.assert_close(z, want_z.detach(), **tolerance)
+    for name, g_got, g_want in zip(("x", "weight", "bias"), grads(got, params), grads(want, params)):
+        torch.testing.assert_close(g_got, g_want, msg=name, **tolerance)
+
+
+@pytest.mark.parametrize("softcap, z_loss", [(CAP, 0.0), (0.0, Z_LOSS), (CAP, Z_LOSS)])
+def test_own_single_softmax_with_cap_and_z_loss_through_the_kernels(kernels, softcap, z_loss):
+    check_capped_loss("own", softcap, z_loss, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap, z_loss", [(CAP, 0.0), (0.0, Z_LOSS), (CAP, Z_LOSS)])
+@pytest.mark.parametrize("impl", ["own", "naive"])
+def test_single_softmax_with_cap_and_z_loss_on_the_cpu_path(impl, softcap, z_loss):
+    if DEVICE.type == "cuda":
+        pytest.skip("the CPU path")
+    check_capped_loss(impl, softcap, z_loss, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_CCE, reason="cut-cross-entropy is not installed (pip install cut-cross-entropy)")
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="on a GPU CCE's kernel runs in bf16: tests/test_cuda.py")
+def test_cce_takes_the_soft_cap():
+    check_capped_loss("cce", CAP, 0.0, rtol=1e-4, atol=1e-4)
+
+
+def test_mixture_with_capped_components_through_the_kernels(kernels):
+    params, labels = on_device(*mixture_problem())
+    got = fused_loss(*params, labels, chunk_rows=4, softcap=CAP)
+    prior, latents, weight, bias = params
+    capped = CAP * torch.tanh(F.linear(latents, weight, bias) / CAP)
+    mixed = (prior.log_softmax(-1).unsqueeze(-1) + capped.log_softmax(-1)).logsumexp(-2)
+    want = F.nll_loss(mixed, labels, reduction="sum")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for name, g_got, g_want in zip(("prior", "latents", "weight", "bias"), grads(got, params), grads(want, params)):
+        torch.testing.assert_close(g_got, g_want, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_liger_gets_the_cap_and_the_z_loss_scale(monkeypatch):
+    """Liger's `softcap` and `lse_square_scale` (its z-loss, returned apart with `return_z_loss`)."""
+    seen = {}
+
+    class StandIn(torch.nn.Module):
+        def __init__(self, ignore_index, reduction, softcap, lse_square_scale, return_z_loss):
+            super().__init__()
+            seen.update(softcap=softcap, lse_square_scale=lse_square_scale, return_z_loss=return_z_loss)
+
+        def forward(self, weight, x, target, bias):
+            loss, z = capped_reference(x, weight, bias, target, seen["softcap"], seen["lse_square_scale"])
+            return SimpleNamespace(loss=loss, z_loss=z)
+
+    fake = SimpleNamespace(LigerFusedLinearCrossEntropyLoss=StandIn)
+    monkeypatch.setitem(__import__("sys").modules, "liger_kernel.transformers.fused_linear_cross_entropy", fake)
+    monkeypatch.setattr(loss_kernels, "unavailable", lambda kernel, device_type: None)
+    params, target = single_softmax_problem()
+    got, z = losses.linear_cross_entropy(*params[:2], target, params[2], impl="liger", reduction="sum", softcap=CAP,
+                                         z_loss=Z_LOSS, return_z_loss=True)
+    assert seen == dict(softcap=CAP, lse_square_scale=Z_LOSS, return_z_loss=True)
+    want, want_z = capped_reference(*params, target, CAP, Z_LOSS)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(z, want_z.detach())
+    assert not z.requires_grad
+
+
+def test_the_kernel_choice_skips_kernels_without_the_cap_or_the_z_loss(monkeypatch):
+    monkeypatch.setattr(loss_kernels, "unavailable", lambda kernel, device_type: None)
+    assert loss_kernels.fastest_kernel("cpu", 32000, ("softcap",)) == "own"  # torch's takes no cap
+    assert loss_kernels.fastest_kernel("cuda", 128000, ("softcap",)) == "cce"
+    assert loss_kernels.fastest_kernel("cuda", 128000, ("softcap", "z_loss")) == "liger"  # CCE has no z-loss
+    params, target = single_softmax_problem()
+    with pytest.raises(ValueError, match="impl='torch' cannot compute this loss: the loss kernel 'torch' takes no softcap"):
+        losses.linear_cross_entropy(*params[:2], target, params[2], impl="torch", reduction="sum", softcap=CAP)
+    with pytest.raises(ValueError, match="z_loss is a term of the summed training loss"):
+        losses.linear_cross_entropy(*params[:2], target, params[2], z_loss=Z_LOSS)

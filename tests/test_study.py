@@ -197,3 +197,30 @@ def test_retabulate_rewrites_the_tables_from_the_saved_runs(tmp_path):
     retabulate(tmp_path)
     assert "| mos | mos | 2 | 45.00 ± 1.41 | -2.2% | 1/2 |" in (tmp_path / "results.md").read_text()
     assert json.loads((tmp_path / "results.json").read_text())["best_plain"] == "linear"
+
+
+def test_runs_are_added_to_a_written_comparison_without_training_the_others(tmp_path, monkeypatch):
+    """`--add_to`: only the given heads train, at the comparison's seeds; its other runs are kept as they
+    were, a rerun head's old runs replaced, and the merged tables written into its folder."""
+    folder = tmp_path / "regime"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"command": "python -m studies.compare_heads --heads tied,linear,mos",
+                                                     "seeds": [1, 2], "runs": RUNS[:6]}))
+    trained = []
+
+    def run_one(options, name, spec, seed, launch_args, threads):
+        trained.append((name, seed))
+        return fake_run(name, seed, 40.0 + seed, [(10, 70.0), (20, 40.0 + seed)])
+
+    monkeypatch.setattr(compare_heads, "run_one", run_one)
+    argv = ["--heads", "linear", "--add_to", str(folder), "--output_dir", str(tmp_path / "out"), "--no_plot"]
+    compare_heads.main(argv)
+    assert trained == [("linear", 1), ("linear", 2)]
+    saved = json.loads((folder / "results.json").read_text())
+    assert sorted((r["name"], r["seed"]) for r in saved["runs"]) == [(n, s) for n in ("linear", "mos", "tied") for s in (1, 2)]
+    assert [r["eval_perplexity"] for r in saved["runs"] if r["name"] == "linear"] == [41.0, 42.0]
+    assert saved["runs"][:2] == RUNS[:2] and saved["command"].endswith("; then python -m studies.compare_heads "
+                                                                       + " ".join(argv))
+    assert "| linear | linear | 2 | 41.50 ± 0.71 |" in (folder / "results.md").read_text()
+    with pytest.raises(SystemExit, match=r"its runs are at seeds \[1, 2\], not \[3\]"):
+        compare_heads.main(argv + ["--seeds", "3"])
