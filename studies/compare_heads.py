@@ -32,9 +32,9 @@ from pathlib import Path
 
 import yaml
 
-from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
 from hf_outheads.training.options import CONFIG_FILE, parse_options, saved_options
 from hf_outheads.training.tracking import RESULTS_FILE, read_metrics
+from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
 
 def add_flags(parser):
     parser.add_argument("--heads", required=True, help="Comma-separated run names: head types or variants (see above).")

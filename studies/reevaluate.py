@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from hf_outheads.training import train
-from studies.comparison_tables import markdown_table, summarise
 from hf_outheads.training.tracking import RESULTS_FILE
+from studies.comparison_tables import markdown_table, summarise
 
 EVALUATED = ("eval_loss", "eval_perplexity", "eval_sacrebleu", "eval_chrf", "eval_generated")
 

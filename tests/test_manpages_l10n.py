@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from studies import compare_heads
-from studies.comparison_tables import generation_table, summarise
-from test_study import fake_deb
 from hf_outheads.training import data as data_lib
 from hf_outheads.training.corpora import manpages_l10n as l10n
 from hf_outheads.training.options import parse_options
+from studies import compare_heads
+from studies.comparison_tables import generation_table, summarise
+from test_study import fake_deb
 
 ENGLISH = r'''.TH close 2 2022-10-30 "Linux man-pages 6.03"
 .SH NAME

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from hf_outheads.training.corpora import debian_docs as scale_corpus
+from hf_outheads.training.corpora import debian_docs
 from hf_outheads.training.corpora.debian_docs import html_to_text, is_validation, load_blocks, pack, pod_to_text
 
 
@@ -31,7 +31,7 @@ def test_no_reserved_source():
     and the Debian Administrator's Handbook is the held-out text of training/corpora/debian_handbook.py."""
     reserved = ["./usr/share/locale/fr/LC_MESSAGES/dpkg.mo", "./usr/share/doc/x/po/fr.po",
                 "./usr/share/wordnet/data.noun", "./usr/share/doc/x/LC_MESSAGES/x.po"]
-    for name, (pattern, _) in scale_corpus.PACKAGES.items():
+    for name, (pattern, _) in debian_docs.PACKAGES.items():
         assert "wordnet" not in name and "handbook" not in name, name
         assert not [path for path in reserved if re.search(pattern, path)], (name, pattern)
 
@@ -76,7 +76,7 @@ def test_the_split_is_stable_and_a_changed_file_is_refused(tmp_path):
 def test_a_debian_package_builds(tmp_path):
     """The real path at a small size: one documentation package from the archive."""
     try:
-        docs = list(scale_corpus.package_documents(("maint-guide",), cache=tmp_path / "debs"))
+        docs = list(debian_docs.package_documents(("maint-guide",), cache=tmp_path / "debs"))
     except RuntimeError as error:
         pytest.skip(f"apt-get download is not available here: {error}")
     assert len(docs) == 1 and "Debian" in docs[0][1] and len(docs[0][1]) > 100_000

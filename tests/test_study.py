@@ -11,9 +11,9 @@ import tarfile
 import pytest
 import yaml
 
-from studies import compare_heads
 from hf_outheads.training.corpora.manpages import PACKAGES, load_manpages_dataset, roff_to_text
 from hf_outheads.training.options import parse_options
+from studies import compare_heads
 from studies.study_plots import plot_curves
 
 

@@ -107,7 +107,8 @@ class ModelOptions(DeclaredOptions):
         if self.tokenizer == "bpe" and self.tokenizer_vocab_size < BYTE_ALPHABET:
             raise ValueError(f"Option tokenizer_vocab_size={self.tokenizer_vocab_size} is below the byte-level BPE "
                              f"alphabet: use at least {BYTE_ALPHABET} (256 bytes + 4 special tokens).")
-        object.__setattr__(self, "head", self.head_spec())  # the run's head, decided and checked here, once
+        # `head` (no option, never saved): the run's head, decided and its options checked here, once
+        object.__setattr__(self, "head", self.head_spec())
 
     def head_spec(self, name: str | None = None) -> HeadSpec:
         """The head of the run called `name` (default: `head_type`, the run's own, `self.head`) under these

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import os
 import random
 import re
 from pathlib import Path
