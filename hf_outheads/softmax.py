@@ -69,7 +69,15 @@ class SoftmaxOptions(LogitTransformOptions):
         "coefficient c of the z-loss c log(Z)^2 per scored token in training (PaLM: 1e-4); 0: none; not with the "
         "sampled loss"))
 
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_losses()  # what was given, when parsed: a run's options are refused before its data is read
+
     def complete(self, dims: HeadDims) -> None:
+        self.check_losses()  # again with the backbone's soft cap filled in
+
+    def check_losses(self) -> None:
+        """The training loss, its kernel and the z-loss fit together."""
         if self.z_loss and self.training_loss == "sampled":
             self.fail("option 'z_loss' needs the full log-normaliser log Z, which the sampled loss (training_loss="
                       "'sampled') never computes: use another training_loss, or z_loss 0.")

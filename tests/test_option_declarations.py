@@ -91,3 +91,13 @@ def test_yaml_numbers_are_numbers_however_written():
     assert (options.training.learning_rate, options.training.adam_beta2) == (0.001, 0.95)
     with pytest.raises(ValueError, match=r"Option learning_rate must be a number > 0, got '1e-3'"):
         RunOptions.from_flat({"learning_rate": "1e-3"})
+
+
+def test_head_options_that_cannot_train_together_are_refused_when_parsed():
+    """A combination of given head options that no backbone makes work (the z-loss with the sampled
+    loss, a peer kernel without the z-loss) is refused when the run's options are parsed, also for a
+    pretrained backbone, whose model is built only after the data is read."""
+    for given, said in (("{z_loss: 1e-4, training_loss: sampled}", "'z_loss' needs the full log-normaliser"),
+                        ("{z_loss: 1e-4, loss_kernel: cce}", "the loss kernel 'cce' takes no z_loss")):
+        with pytest.raises(ValueError, match=said):
+            parse_options(["--pretrained", "some/model", "--head_type", "linear", "--head_options", given])
