@@ -16,6 +16,7 @@ hf-outheads train --config training/configs/quickstart_lm.yaml --output_dir outp
 hf-outheads export outputs/quickstart_lm outputs/quickstart_lm_plain
 hf-outheads quickstart --output_root quickstart "${tiny[@]}"
 python -m hf_outheads.training.train --help >/dev/null
+python -m hf_outheads.training.corpora.debian_docs --help >/dev/null  # the corpus builders' subpackage is installed
 python "$repo/training/train.py" --help >/dev/null
 cd "$repo"
 accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no training/train.py --help >/dev/null

@@ -1,4 +1,5 @@
-"""The clocks of the benchmarks (`cpu_clock`; `cuda_clock`, event timing; `bf16_peak_tflops`) and
+"""The benchmarks' wall clock (`cpu_clock`; the CUDA event clock and the bf16 peak are
+`hf_outheads.training.throughput`'s) and
 the CUDA side of `bench_heads.py --device cuda`: allocator peak memory, and the plain head's fused
 loss against its peers.
 
@@ -19,8 +20,10 @@ A peer whose package is not installed is listed with a note instead of figures.
 from __future__ import annotations
 
 import statistics
-import time
 import sys
+import time
+
+from hf_outheads.training.throughput import cuda_clock
 
 
 def cuda_device_name() -> str:
@@ -36,32 +39,6 @@ def cpu_clock(call) -> float:
     start = time.perf_counter()
     call()
     return time.perf_counter() - start
-
-
-def cuda_clock(call) -> float:
-    """Seconds of `call()` on the current CUDA stream, from events (the host does not wait
-    between the two records)."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1000
-
-
-def bf16_peak_tflops(size: int = 8192, reps: int = 10) -> float:
-    """The device's dense bf16 rate now, TFLOP/s: a `size`-cubed bf16 matrix product, 3 warm-ups,
-    then the mean of `reps` timed products (what the MFU figures divide by; a data sheet's figure
-    is higher: 989 for an H100 SXM, where such a product measures about 800)."""
-    import torch
-
-    a, b = (torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    seconds = cuda_clock(lambda: [a @ b for _ in range(reps)]) / reps
-    return 2 * size**3 / seconds / 1e12
 
 
 def peak_mb(call) -> tuple[float, float]:

@@ -47,12 +47,12 @@ import sys
 
 from benchmarks.bench_gpu import cpu_clock
 from benchmarks.reference_mos import COMPARED, use_reference_mos
-from training.options import head_spec
+from hf_outheads.training.options import head_spec
 
 
 def head_variants() -> dict[str, dict]:
     """Every case, as a config's `head_options_by_head` writes it (a variant names its `head_type`;
-    `training.options.head_spec` is the one rule from a case's name to its head): `tied` and
+    `hf_outheads.training.options.head_spec` is the one rule from a case's name to its head): `tied` and
     `backbone` (the ratios' bases; `backbone` is the backbone alone, the loss on its hidden states:
     the part of a step no head changes), every registered head's `benchmark_options` (a variant
     named `head_type-variant`), and the published MoS code's computation (`reference_mos.COMPARED`)."""
@@ -169,7 +169,8 @@ def run_case(case: dict) -> dict:
     device, bf16 = torch.device(case["device"]), case["dtype"] == "bf16"
     clock = cpu_clock
     if device.type == "cuda":
-        from benchmarks.bench_gpu import cuda_clock as clock, peak_mb
+        from benchmarks.bench_gpu import peak_mb
+        from hf_outheads.training.throughput import cuda_clock as clock
     backbone = case.get("backbone", "llama-2x256")
     model = build_model(case["head"], case["vocab"], backbone).to(device)
     seq_len = BACKBONES[backbone][2]

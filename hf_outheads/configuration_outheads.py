@@ -47,9 +47,11 @@ class OutHeadsConfig(PretrainedConfig):
             for its defaults) has none, and no model can be built from it.
         head_type: one of the registered heads (`linear`, `tied`, `bilinear`, ...); `tied` when
             omitted; required in a saved config.json.
-        head_options: the head's hyper-parameters, a dict or the head's checked options object
-            (`Options.from_dict`, what a training run's `HeadSpec` carries); omitted ones take the
-            head's defaults. Stored fully expanded as a dict, so a saved config states every value used.
+        head_options: the head's hyper-parameters, a dict (checked here against the head's
+            declarations) or the head's options object (checked when it was built, e.g. what a
+            training run's `HeadSpec` carries); omitted ones take the head's defaults. Resolved once
+            (`resolved_head_options`) and stored fully expanded as a dict, so a saved config states
+            every value used.
         hidden_scale: positive factor on the final hidden state before the head; derived from
             the backbone family when omitted (T5 with tied embeddings: `d_model ** -0.5`).
         vocab_size: optional check; must equal the backbone's vocabulary size.
@@ -146,9 +148,10 @@ class OutHeadsConfig(PretrainedConfig):
     def resolved_head_options(self) -> HeadOptions:
         """The one place a model's head options are resolved: `head_options` for `head_type`
         (an options object as it is, a dict checked by `from_dict`), completed against the
-        backbone's sizes (`HeadOptions.resolve`), the object the model hands to its head. Kept
-        until `head_type`, `head_options` or the sizes change (a resize); never serialised
-        (`to_dict`), where the plain `head_options` dict stands for it."""
+        backbone's sizes (`HeadOptions.resolve`), the object the model hands to its head, which
+        reads it as it is. Resolved when the config is built and kept until `head_type`,
+        `head_options` or the sizes change (an edit, a resize); never serialised (`to_dict`),
+        where the plain `head_options` dict stands for it."""
         if self.text_config is None:
             raise ValueError(f"This OutHeadsConfig has no text_config (backbone config). {FROM_BACKBONE}")
         dims, resolved, given = head_dims(self.text_config), self.__dict__.get(_RESOLVED), self.head_options

@@ -24,9 +24,8 @@ from .softmax import SoftmaxHead
 
 
 class BilinearOptions(MapOptions):
-    """init: "identity" (`W_l = I`: starts as `tied`) or "uniform" (DRILL reference);
-    map_scale: how far a step of the stored parameter moves `W_l` (1: the plain form): 0.1 from
-    scratch (at the backbone's rate `W_l` made the head worse than `tied`), 1 converted (measured)."""
+    """`map_scale` of `W_l`: 0.1 from scratch (at the backbone's rate `W_l` made the head worse than
+    `tied`), 1 converted (measured)."""
 
     scratch_defaults: ClassVar[dict] = {"map_scale": 0.1}
     conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}

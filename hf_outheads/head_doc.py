@@ -62,9 +62,11 @@ def resolve_layer(layer: int, num_layers: int) -> int:
 
 @dataclass
 class DOCOptions(SoftmaxMixtureOptions):
-    components: list = pairs(lambda: [[-1, 15], [-2, 5]], names=("layer", "count"))
-    regularizer_weight: float = number(0.001, low=0.0)
-    middle_layer_norm: bool = flag(True)
+    components: list = pairs(lambda: [[-1, 15], [-2, 5]], names=("layer", "count"), help=(
+        "[layer, count] pairs: count components from backbone layer `layer` (-1: the last, as Python indexes; 0: "
+        "the embeddings' output)"))
+    regularizer_weight: float = number(0.001, low=0.0, help="lambda of the coefficient-of-variation regulariser (Eq. 12-13)")
+    middle_layer_norm: bool = flag(True, help="a parameter-free layer norm on the middle layers' states")
 
     def groups(self, dims: HeadDims) -> list[tuple[int, int]]:
         return [(resolve_layer(layer, dims.num_layers), count) for layer, count in self.components]

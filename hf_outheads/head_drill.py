@@ -55,22 +55,23 @@ DROPOUT_POSITIONS = ("input", "output")
 
 @dataclass
 class DrillOptions(EncodedLabelsOptions):
-    """depth: k label-encoder layers (0 = `tied`); activation: relu / sigmoid / tanh;
-    dropout: rate between layers (None: 0.1 from scratch, 0 when converted); dropout_kind:
-    "locked" (variational: one `(1, d)` mask shared by every vocabulary row, per layer and
-    forward) or "standard" (fresh elementwise mask over `|V| x d`); dropout_position:
-    "input" (reference code) or "output" (Eq. 12); residual_previous: also add `E^(i-1)` (Eq. 10; the paper found it hurt at k=4)."""
+    """`dropout` left unset: 0.1 from scratch, 0 when converted (measured)."""
 
-    depth: int = integer(2, minimum=0)
-    activation: str = choice("relu", ACTIVATIONS)
-    dropout: float | None = number(None, 0.0, 1.0, open_high=True, optional=True)
-    dropout_kind: str = choice("standard", DROPOUT_KINDS)
-    dropout_position: str = choice("input", DROPOUT_POSITIONS)
-    residual_previous: bool = flag(False)
+    depth: int = integer(2, minimum=0, help="k, the label encoder's layers (0: the `tied` head)")
+    activation: str = choice("relu", ACTIVATIONS, help="activation of each encoder layer")
+    dropout: float | None = number(None, 0.0, 1.0, open_high=True, optional=True, help=(
+        "dropout rate in the encoder's layers; unset: the head's default from scratch, 0 when converted"))
+    dropout_kind: str = choice("standard", DROPOUT_KINDS, help=(
+        "'standard': a fresh mask over |V| x d; 'locked' (variational): one (1, d) mask shared by every vocabulary "
+        "row, per layer and forward"))
+    dropout_position: str = choice("input", DROPOUT_POSITIONS, help=(
+        "where a layer drops: its 'input' (the reference code) or its 'output' (Eq. 12)"))
+    residual_previous: bool = flag(False, help="also add the previous layer's output E^(i-1) (Eq. 10)")
     scratch_defaults: ClassVar[dict] = {"dropout": 0.1}  # measured (the repository's ablations)
     conversion_defaults: ClassVar[dict] = {"dropout": 0.0}  # measured (the repository's ablations)
 
     def complete(self, dims: HeadDims) -> None:
+        super().complete(dims)
         require_tied_width(self.head_type, dims, "scores E^(k) h with a residual to E in every layer",
                            "'joint' (any d_j) or 'bilinear'")
 

@@ -48,19 +48,19 @@ FORMS = ("both", "output", "context", "bilinear")
 
 @dataclass
 class JointOptions(MapOptions):
-    """joint_dim: d_j (None: `d_h` for "both"/"output", `d` for "context"/"bilinear"; filled
-    in by `resolve`, so a saved config states it); activation: identity (default, measured)
-    / tanh (paper) / sigmoid / relu; form: both / output / context / bilinear (Table 3);
-    init: identity (default, starts as `tied`) / uniform (reference code); map_scale: how far a
-    step of the stored parameters moves U and V (1: the plain form); output_bias False: neither `b` nor `b_v` (whose score `g_out(e_w) . b_v` is
-    a per-word bias too)."""
+    """`joint_dim` left unset is filled in by `resolve`, so a saved config states it; `output_bias`
+    false drops `b_v` too (whose score `g_out(e_w) . b_v` is a per-word bias)."""
 
     scratch_defaults: ClassVar[dict] = {"map_scale": 0.01}  # measured: at 1 the maps made the head worse than `tied`
     conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}  # measured: then better than `tied`
 
-    joint_dim: int | None = integer(None, minimum=1, optional=True)
-    activation: str = choice("identity", ACTIVATIONS)
-    form: str = choice("both", FORMS)
+    joint_dim: int | None = integer(None, minimum=1, optional=True, help=(
+        "d_j, the joint space's width; unset: d_h for the forms 'both' and 'output', d for 'context' and "
+        "'bilinear' (the paper: 2048)"))
+    activation: str = choice("identity", ACTIVATIONS, help="activation of both projections ('tanh': the paper)")
+    form: str = choice("both", FORMS, help=(
+        "which sides are projected (Table 3): 'both' (Eq. 14-15), 'output' (labels only), 'context' (the "
+        "hidden state only), 'bilinear' (no activation, E W h)"))
 
     def complete(self, dims: HeadDims) -> None:
         super().complete(dims)

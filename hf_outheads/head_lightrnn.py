@@ -68,13 +68,18 @@ class LightRNNOptions(MixtureOptions):
     # plain maps (map_scale 1) from scratch too: every measurement of this head used them
     scratch_defaults: ClassVar[dict] = {"map_scale": 1.0}
 
-    num_components: int = integer(1, minimum=1)
-    num_exclusive: int | None = integer(None, minimum=0, optional=True)
+    num_components: int = integer(1, minimum=1, help="K, the mixture's components (1: HybridLightRNN)")
+    num_exclusive: int | None = integer(None, minimum=0, optional=True, help=(
+        "F, the words with an exclusive code; unset: half of the vocabulary, at most 4,096"))
     # the latents start at torch's Linear init (every measurement of this head), with plain maps (map_scale 1)
-    latent_init: str = choice("uniform", LATENT_INITS)
-    num_rows: int | None = integer(None, minimum=1, optional=True)
-    num_columns: int | None = integer(None, minimum=1, optional=True)
-    table_init: str = choice("frequency", TABLE_INITS)
+    latent_init: str = choice("uniform", LATENT_INITS, help=(
+        "'uniform': torch's Linear init; 'identity': each latent map starts at the identity plus noise"))
+    num_rows: int | None = integer(None, minimum=1, optional=True, help=(
+        "R, the word table's rows; unset: as many as the words without an exclusive code need"))
+    num_columns: int | None = integer(None, minimum=1, optional=True, help=(
+        "C, the word table's columns; unset: about the square root of the words without an exclusive code"))
+    table_init: str = choice("frequency", TABLE_INITS, help=(
+        "how the words are first placed: 'frequency' (by training-set counts) or 'random'"))
 
     def complete(self, dims: HeadDims) -> None:
         """The table shape from the vocabulary (module docstring), so a saved config states it."""

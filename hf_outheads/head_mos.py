@@ -73,7 +73,7 @@ YANG_2018 = Paper("Breaking the Softmax Bottleneck: A High-Rank RNN Language Mod
 
 @dataclass
 class MoSOptions(SoftmaxMixtureOptions):
-    num_components: int = integer(15, minimum=1)
+    num_components: int = integer(15, minimum=1, help="K, the mixture's softmaxes (1: `linear` with a latent map)")
 
 
 class MoSHead(MixtureHead):

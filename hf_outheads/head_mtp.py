@@ -62,7 +62,7 @@ from torch import nn
 
 from .future_blocks import FuturePredictor
 from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, Paper
-from .head_options import HeadDims, HeadOptions, choice, integer, mapping, name, number
+from .head_options import HeadDims, HeadOptions, choice, integer, mapping, number, text
 
 FORMS = ("sequential", "independent")
 GLOECKLE_2024 = Paper("Better & Faster Large Language Models via Multi-token Prediction",
@@ -100,14 +100,20 @@ def shifted(tensor: torch.Tensor, steps: int, fill: int) -> torch.Tensor:
 class MTPOptions(HeadOptions):
     head_type: ClassVar[str] = "mtp"
 
-    head: str = name("tied")
-    head_options: dict = mapping(dict)
-    num_future: int = integer(1, minimum=1)
-    form: str = choice("sequential", FORMS)
-    loss_weight: float = number(0.3, low=0.0)
-    num_attention_heads: int | None = integer(None, minimum=1, optional=True)
-    intermediate_size: int | None = integer(None, minimum=1, optional=True)
-    draft_vocab_size: int | None = integer(None, minimum=1, optional=True)
+    head: str = text("tied", help="the shared output head: a single-softmax head type")
+    head_options: dict | HeadOptions = mapping(dict, help=(
+        "the shared head's options (resolved: its options object)"))
+    num_future: int = integer(1, minimum=1, help="D, the future tokens predicted (t+2 ... t+D+1)")
+    form: str = choice("sequential", FORMS, help=(
+        "'sequential' (DeepSeek-V3: each depth reads the previous one and the token ahead) or 'independent' "
+        "(Gloeckle et al.: each depth reads the backbone's state alone)"))
+    loss_weight: float = number(0.3, low=0.0, help="lambda of L_main + lambda / D sum_k L_k (DeepSeek-V3 Eq. 25)")
+    num_attention_heads: int | None = integer(None, minimum=1, optional=True, help=(
+        "attention heads of each predictor's block; unset: d_h / 64, at least 1"))
+    intermediate_size: int | None = integer(None, minimum=1, optional=True, help=(
+        "width of each predictor's SwiGLU; unset: 8 d_h / 3 rounded up to a multiple of 64"))
+    draft_vocab_size: int | None = integer(None, minimum=1, optional=True, help=(
+        "drafts score only this many words, the training set's most frequent; unset: every word"))
 
     @classmethod
     def _with_shared(cls, options, method: str) -> dict:
@@ -137,11 +143,11 @@ class MTPOptions(HeadOptions):
             choices = [head for head, cls in HEAD_CLASSES.items() if cls.single_softmax]
             self.fail(f"option 'head'={self.head!r} is not one of {choices}: the future predictors share one "
                       "single-softmax head (a mixture would cost K softmaxes per drafted token).")
+        given = self.head_options  # a dict, or (resolving resolved options again) the shared head's object
         try:
-            resolved = shared.Options.from_dict(self.head_options).resolve(dims)
+            self.head_options = (given if isinstance(given, shared.Options) else shared.Options.from_dict(given)).resolve(dims)
         except ValueError as error:
             self.fail(f"option 'head_options' of the shared head: {error}")
-        self.head_options = dataclasses.asdict(resolved)
         heads = self.num_attention_heads or max(1, dims.hidden_dim // 64)
         if dims.hidden_dim % heads:
             self.fail(f"option 'num_attention_heads'={heads} does not divide the hidden width d_h={dims.hidden_dim}.")
@@ -167,7 +173,7 @@ class MTPHead(OutputHead):
     def __init__(self, options: MTPOptions, dims: HeadDims):
         super().__init__(options, dims)
         shared = shared_head_class(options.head)
-        self.shared = shared(shared.Options.from_dict(options.head_options).resolve(dims), dims)
+        self.shared = shared(options.head_options, dims)  # resolved with these options (`MTPOptions.complete`)
         reads_tokens = options.form == "sequential"
         self.predictors = nn.ModuleList(
             FuturePredictor(dims.hidden_dim, dims.embed_dim, options.num_attention_heads, options.intermediate_size,

@@ -1,24 +1,26 @@
-"""Head options: typed field declarations and the one place that checks and resolves them.
+"""Option declarations, for head and training options alike, and the one check they share.
 
-Every head's options are a dataclass of fields declared with `integer`, `number`, `probability`,
-`flag`, `choice` or `pairs`; the declaration carries the type and the allowed range or choices.
-An options object is checked when it is built: each field against its declaration (a ValueError
-names the head and the option), an optional field left unset (None) staying unset. That object,
-built once from what a run or a caller gave (`from_dict`), is what travels: a training run's
-`HeadSpec` carries it, and `OutHeadsConfig(head_options=...)` takes it as it takes a dict.
-`options.resolve(dims)` returns a complete copy: the fields left unset take the backbone's values
-where the options read any (`backbone_defaults(dims)`), then the head's `scratch_defaults`
-(`for_conversion()` first gives a converted head its `conversion_defaults`),
+An options class is a dataclass (`DeclaredOptions`) of fields declared with `integer`, `number`,
+`probability`, `flag`, `choice`, `text`, `pairs`, `mapping` or `listing`: the declaration (`Spec`)
+carries the type, the allowed range or choices and the help text. Building an options object
+checks every field against its declaration (`Spec.check`, a ValueError naming the option), once,
+whichever way the values came: a YAML file or the command line (`hf_outheads.training`, whose
+parser is built from the same declarations), `OutHeadsConfig(...)`, a saved config.json.
+
+Head options (`HeadOptions`) are then resolved once per model for the backbone's sizes:
+`options.resolve(dims)` returns a complete copy, in which the fields left unset take the
+backbone's values where the options read any (`backbone_defaults(dims)`), then the head's
+`scratch_defaults` (`for_conversion()` first gives a converted head its `conversion_defaults`);
 then the head's `complete(dims)` fills in the values that depend on the backbone (`joint_dim`,
 lightrnn's table shape) and checks the options against each other and against the backbone.
 `resolve` is idempotent: a resolved object (or its `dataclasses.asdict`, the saved config)
 resolves to itself. `OutHeadsConfig.resolved_head_options` is where a model's options are
-resolved; the model and its head receive that object (a head refuses options not resolved for
-its sizes).
+resolved; the model hands that object to its head, which reads it as it is.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -42,48 +44,46 @@ class HeadDims:
 
 @dataclass(frozen=True)
 class Spec:
-    """What a field accepts. `kind`: "int", "number" (ints accepted) in `[low, high]`
-    (`open_low` / `open_high` exclude a bound; `high` only together with `low`), "bool", "choice"
-    (one of `choices`), "pairs": a non-empty list of `[integer, integer >= 1]` pairs, also given
-    as a `{key: count}` dict whose keys may be integer strings (JSON object keys); `choices` then
-    names the two members; "name": a string the head checks in `complete` (another head's type,
-    whose list is the catalog's); "mapping": a dict with string keys (another head's options,
-    which the head checks in `complete`), stored as a copy.
-    `optional`: None is accepted (the head derives the value in `complete`)."""
+    """An option's declaration: what it accepts and what it is (`help`). `kind`: "int", "number"
+    (ints accepted) in `[low, high]` (`open_low` / `open_high` exclude a bound), "bool", "choice"
+    (one of `choices`), "text" (a string; for a head, one it checks in `complete`), "pairs": a
+    non-empty list of `[integer, integer >= 1]` pairs, also given as a `{key: count}` dict whose
+    keys may be integer strings (JSON object keys), `choices` then naming the two members;
+    "mapping": a dict with string keys, stored as a copy; "listing": a list of strings.
+    `optional`: None is accepted (what it means, the help says)."""
 
     kind: str
+    help: str
     low: float | None = None
     high: float | None = None
     open_low: bool = False
     open_high: bool = False
-    choices: tuple = ()  # "pairs": the names of a pair's two members
+    choices: tuple = ()
     optional: bool = False
 
     def describe(self) -> str:
-        if self.kind == "bool":
-            return "true or false"
-        if self.kind == "name":
-            return "a string"
-        if self.kind == "mapping":
-            return "a mapping of option names to values (a JSON object)"
+        """What the option accepts, in words (messages, `--help`)."""
+        if self.kind in DESCRIPTIONS:
+            return DESCRIPTIONS[self.kind]
+        if self.kind == "choice":
+            return f"one of {list(self.choices)}"
         if self.kind == "pairs":
             key, count = self.choices
             return f"a non-empty list of [{key}, {count}] pairs (integers, each {count} >= 1)"
         if self.low is not None and self.high is not None:
             return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
         noun = "an integer" if self.kind == "int" else "a number"
-        bound = "" if self.low is None else f" {'>' if self.open_low else '>='} {self.low:g}"
-        return noun + bound + (" (or null for the default)" if self.optional else "")
+        return noun + ("" if self.low is None else f" {'>' if self.open_low else '>='} {self.low:g}")
 
     def accepts(self, value: Any) -> bool:
-        if self.kind == "bool":
-            return isinstance(value, bool)
-        if self.kind == "choice":
-            return isinstance(value, str) and value in self.choices
-        if self.kind == "name":
-            return isinstance(value, str)
         if self.kind == "mapping":
             return isinstance(value, dict) and all(isinstance(key, str) for key in value)
+        if self.kind == "listing":
+            return isinstance(value, list) and all(isinstance(item, str) for item in value)
+        if self.kind in TYPES:
+            return isinstance(value, TYPES[self.kind])
+        if self.kind == "choice":
+            return isinstance(value, str) and value in self.choices
         if isinstance(value, bool) or not isinstance(value, int if self.kind == "int" else (int, float)):
             return False
         if not math.isfinite(value):
@@ -92,8 +92,9 @@ class Spec:
             return False
         return self.high is None or (value < self.high if self.open_high else value <= self.high)
 
-    def check(self, head_type: str, name: str, value: Any) -> Any:
-        """`value`, checked (pairs: as a list of lists), or a ValueError naming head and option."""
+    def check(self, value: Any, label: str) -> Any:
+        """`value`, checked (pairs: as a list of lists; a mapping or listing: a copy), or a ValueError
+        that names the option as `label` says ("Head 'mos': option 'num_components'", "Option block_size")."""
         if value is None and self.optional:
             return None
         if self.kind == "pairs":
@@ -101,10 +102,15 @@ class Spec:
             if pairs is not None:
                 return pairs
         elif self.accepts(value):
-            return dict(value) if self.kind == "mapping" else value
+            return TYPES[self.kind](value) if self.kind in ("mapping", "listing") else value
         elif self.kind == "choice":
-            raise ValueError(f"Head '{head_type}': option '{name}'={value!r} is not one of {list(self.choices)}.")
-        raise ValueError(f"Head '{head_type}': option '{name}' must be {self.describe()}, got {value!r}.")
+            raise ValueError(f"{label}={value!r} is not one of {list(self.choices)}.")
+        raise ValueError(f"{label} must be {self.describe()}, got {value!r}.")
+
+
+TYPES = {"bool": bool, "text": str, "mapping": dict, "listing": list}  # the kinds that are one Python type
+DESCRIPTIONS = {"bool": "true or false", "text": "a string", "mapping": "a mapping with string keys (a JSON object)",
+                "listing": "a list of strings"}
 
 
 def _whole(value: Any) -> int | None:
@@ -129,52 +135,77 @@ def _pairs(value: Any) -> list[list[int]] | None:
     return pairs
 
 
+# The declarators: each makes a dataclass field whose metadata holds its `Spec`. A default that is
+# a function (a list's, a dict's) is the field's default factory.
+
 def _declare(default: Any, spec: Spec) -> Any:
     if callable(default):
         return field(default_factory=default, metadata={"spec": spec})
     return field(default=default, metadata={"spec": spec})
 
 
-def integer(default: int | None, minimum: int, optional: bool = False) -> Any:
-    """An integer field `>= minimum` (None allowed when `optional`)."""
-    return _declare(default, Spec("int", low=minimum, optional=optional))
+def integer(default: int | None, minimum: int, *, help: str, maximum: int | None = None, optional: bool = False) -> Any:
+    """An integer in `[minimum, maximum]` (no upper bound by default)."""
+    return _declare(default, Spec("int", help, low=minimum, high=maximum, optional=optional))
 
 
-def number(default: float | None, low: float | None = None, high: float | None = None, open_low: bool = False,
-           open_high: bool = False, optional: bool = False) -> Any:
-    """A real-valued field in `[low, high]` (ints accepted; `open_*` exclude a bound; None allowed
-    when `optional`)."""
-    return _declare(default, Spec("number", low=low, high=high, open_low=open_low, open_high=open_high,
+def number(default: float | None, low: float | None = None, high: float | None = None, *, help: str,
+           open_low: bool = False, open_high: bool = False, optional: bool = False) -> Any:
+    """A real number in `[low, high]` (ints accepted; `open_*` exclude a bound; `high` only together with `low`)."""
+    return _declare(default, Spec("number", help, low=low, high=high, open_low=open_low, open_high=open_high,
                                   optional=optional))
 
 
-def probability(default: float) -> Any:
+def probability(default: float, *, help: str) -> Any:
     """A dropout-like rate in `[0, 1)`."""
-    return number(default, 0.0, 1.0, open_high=True)
+    return number(default, 0.0, 1.0, open_high=True, help=help)
 
 
-def flag(default: bool) -> Any:
-    return _declare(default, Spec("bool"))
+def flag(default: bool, *, help: str) -> Any:
+    return _declare(default, Spec("bool", help))
 
 
-def choice(default: str, choices: Sequence[str]) -> Any:
-    return _declare(default, Spec("choice", choices=tuple(choices)))
+def choice(default: str | None, choices: Sequence[str], *, help: str, optional: bool = False) -> Any:
+    return _declare(default, Spec("choice", help, choices=tuple(choices), optional=optional))
 
 
-def pairs(default: Callable[[], list], names: tuple[str, str]) -> Any:
+def text(default: str | None, *, help: str, optional: bool = False) -> Any:
+    """A string (a head checks its allowed values in `complete`, e.g. another head's type)."""
+    return _declare(default, Spec("text", help, optional=optional))
+
+
+def pairs(default: Callable[[], list], names: tuple[str, str], *, help: str) -> Any:
     """A list of `[integer, count >= 1]` pairs (or a `{key: count}` dict), stored as a list of lists;
     `names`: what the two members are, for messages."""
-    return _declare(default, Spec("pairs", choices=names))
+    return _declare(default, Spec("pairs", help, choices=names))
 
 
-def name(default: str) -> Any:
-    """A string field whose allowed values the head checks in `complete` (e.g. a head type of the catalog)."""
-    return _declare(default, Spec("name"))
+def mapping(default: Callable[[], dict], *, help: str) -> Any:
+    """A dict with string keys (e.g. another head's options, which that head checks)."""
+    return _declare(default, Spec("mapping", help))
 
 
-def mapping(default: Callable[[], dict]) -> Any:
-    """A dict field with string keys (e.g. another head's options), checked further by the head's `complete`."""
-    return _declare(default, Spec("mapping"))
+def listing(default: Callable[[], list], *, help: str) -> Any:
+    """A list of strings."""
+    return _declare(default, Spec("listing", help))
+
+
+class DeclaredOptions:
+    """Base of a dataclass of options declared with the declarators above: building one checks each
+    field against its declaration (`Spec.check`), the one check every way in shares (a config file,
+    the command line, `OutHeadsConfig(...)`, a saved config.json). A ValueError names the option
+    as `label` says."""
+
+    @classmethod
+    def declarations(cls) -> dict[str, Spec]:
+        return {f.name: f.metadata["spec"] for f in dataclasses.fields(cls) if "spec" in f.metadata}
+
+    def label(self, name: str) -> str:
+        return f"Option {name}"
+
+    def __post_init__(self):
+        for name, spec in self.declarations().items():
+            object.__setattr__(self, name, spec.check(getattr(self, name), self.label(name)))
 
 
 def require_tied_width(head_type: str, dims: HeadDims, reason: str, alternatives: str) -> None:
@@ -185,7 +216,7 @@ def require_tied_width(head_type: str, dims: HeadDims, reason: str, alternatives
 
 
 @dataclass
-class HeadOptions:
+class HeadOptions(DeclaredOptions):
     """Base class of every head's hyper-parameters. Subclasses declare fields with the
     papers' defaults (`integer`, `number`, `choice`, ...) and may override `complete`."""
 
@@ -205,6 +236,9 @@ class HeadOptions:
     # the sizes `resolve` completed this object for (set on the copy it returns); None: not resolved
     resolved_for: ClassVar[HeadDims | None] = None
 
+    def label(self, name: str) -> str:
+        return f"Head '{self.head_type}': option '{name}'"
+
     @classmethod
     def for_saved(cls, options: dict[str, Any] | None) -> dict[str, Any]:
         """Saved `options` (a config.json's `head_options`) with `saved_defaults` for the fields it
@@ -217,9 +251,9 @@ class HeadOptions:
 
     @classmethod
     def from_dict(cls, options: dict[str, Any] | None) -> "HeadOptions":
-        """Options from a (config) dict; unknown keys are errors, values are checked (`__post_init__`)."""
+        """Options from a (config) dict, each checked against its declaration; unknown keys are errors."""
         options = dict(options or {})
-        valid = [f.name for f in dataclasses.fields(cls)]
+        valid = list(cls.declarations())
         unknown = sorted(set(options) - set(valid))
         if unknown:
             raise ValueError(
@@ -228,17 +262,14 @@ class HeadOptions:
             )
         return cls(**options)
 
-    def __post_init__(self):
-        """Every field checked against its declaration (a ValueError names the head and the
-        option; a `pairs` field is stored as a list of lists); None stays only where optional."""
-        for f in dataclasses.fields(self):
-            spec = f.metadata.get("spec")
-            if spec is not None:
-                setattr(self, f.name, spec.check(self.head_type, f.name, getattr(self, f.name)))
-
     def with_defaults(self, defaults: dict[str, Any]) -> "HeadOptions":
-        """A copy whose fields left unset (None) take `defaults`' values."""
-        return dataclasses.replace(self, **{name: value for name, value in defaults.items() if getattr(self, name) is None})
+        """A copy whose fields left unset (None) take `defaults`' values: the heads' own defaults,
+        not checked again (`complete` checks what depends on them)."""
+        copied = copy.copy(self)
+        for name, value in defaults.items():
+            if getattr(copied, name) is None:
+                setattr(copied, name, value)
+        return copied
 
     def for_conversion(self) -> "HeadOptions":
         """A copy with `conversion_defaults` for the fields left unset: a head started from a trained
@@ -251,8 +282,9 @@ class HeadOptions:
 
     def resolve(self, dims: HeadDims) -> "HeadOptions":
         """A complete copy: `backbone_defaults(dims)`, then `scratch_defaults` for the fields still
-        unset, then `complete(dims)`."""
-        resolved = self.with_defaults(self.backbone_defaults(dims)).with_defaults(self.scratch_defaults)
+        unset, then `complete(dims)`. The fields are not checked again: they were when this object
+        was built."""
+        resolved = self.with_defaults({**self.scratch_defaults, **self.backbone_defaults(dims)})
         resolved.complete(dims)
         resolved.resolved_for = dims
         return resolved

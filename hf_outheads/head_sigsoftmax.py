@@ -56,16 +56,16 @@ def chunked_sigsoftmax_nll(x, weight, bias, labels) -> torch.Tensor:
 
 @dataclass
 class SigSoftmaxOptions(HeadOptions):
-    """training_loss: "full" (logits and cross-entropy), "chunked" (exact loss without logits, the
-    package's fused loss: no peer kernel computes sigsoftmax; sampled softmax's correction assumes
-    a softmax, so it is not offered) or "auto" (default: "chunked" on a CUDA device, "full"
-    elsewhere); output_bias: learn `b`."""
+    """The training loss without 'sampled' (sampled softmax's correction assumes a softmax) and
+    without a kernel choice (no peer kernel computes sigsoftmax)."""
 
     # configs saved while these options inherited `linear`'s: the sampled loss's options, never read
     retired_options: ClassVar[tuple[str, ...]] = ("sampled_fraction", "sampled_proposal")
 
-    training_loss: str = choice("auto", ("auto", "full", "chunked"))
-    output_bias: bool = flag(True)
+    training_loss: str = choice("auto", ("auto", "full", "chunked"), help=(
+        "'full': logits and cross-entropy; 'chunked': the exact loss without N x |V| logits (the package's fused "
+        "loss); 'auto': 'chunked' on a CUDA device, 'full' elsewhere"))
+    output_bias: bool = flag(True, help="learn a per-word output bias b")
 
 
 class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):

@@ -12,6 +12,7 @@ from .softmax import SoftmaxHead, SoftmaxOptions
 
 class TiedOptions(SoftmaxOptions):
     def complete(self, dims: HeadDims) -> None:
+        super().complete(dims)
         require_tied_width(self.head_type, dims, "scores E h", "'bilinear' or 'linear'")
 
 

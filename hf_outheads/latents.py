@@ -41,14 +41,22 @@ class MixtureOptions(MapScaleOptions):
     prior, learnt at `map_scale` 0.01 from scratch; the reference codes are `tied=True`,
     `latent_activation="tanh"`, `latent_init="uniform"`, plain maps (and dropout, see the heads)."""
 
-    latent_dim: int | None = integer(None, minimum=1, optional=True)  # d of k_j; None = embedding width
-    tied: bool = flag(False)  # own |V| x latent_dim matrix W; True: s_j = E k_j + b (reference `tie_weights`)
-    latent_activation: str = choice("identity", ACTIVATIONS)  # "identity" (DOC Eq. 11) or "tanh" (MoS, reference)
-    latent_dropout: float = probability(0.0)  # rate on the latents; MoS PTB 0.29, DOC 0.6 (heads' docstrings)
-    dropout_kind: str = choice("locked", DROPOUT_KINDS)  # "locked": one mask per sequence for all steps
-    latent_init: str = choice("identity", LATENT_INITS)  # "identity": W_n = I + noise; "uniform": reference
-    # std of that noise on the effective maps, which lets identical components drift apart
-    latent_init_noise: float = number(0.02, 0.0)
+    latent_dim: int | None = integer(None, minimum=1, optional=True, help=(
+        "width of the component latents k_j; unset: the embedding width d"))
+    tied: bool = flag(False, help=(
+        "score the latents with E (s_j = E k_j + b, the reference codes' `tie_weights`); false: an own "
+        "|V| x latent_dim output matrix W"))
+    latent_activation: str = choice("identity", ACTIVATIONS, help=(
+        "activation of the latents: 'identity' (DOC Eq. 11) or 'tanh' (MoS, the reference codes)"))
+    latent_dropout: float = probability(0.0, help="dropout rate on the latents (the papers: MoS 0.29, DOC 0.6 on PTB)")
+    dropout_kind: str = choice("locked", DROPOUT_KINDS, help=(
+        "'locked': one dropout mask per sequence for every position; 'standard': a fresh mask per element"))
+    latent_init: str = choice("identity", LATENT_INITS, help=(
+        "'identity': each latent map starts at the identity plus noise, under a uniform prior; 'uniform': the "
+        "reference codes' init"))
+    latent_init_noise: float = number(0.02, 0.0, help=(
+        "std of the noise on the identity-started latent maps, which lets identical components drift apart; 0 "
+        "keeps the components identical"))
     # map_scale (`MapScaleOptions`): how far a step of the stored latent parameters moves the latent
     # maps (`PriorAndLatents`): 0.01 from scratch (measured: with plain maps `mos` ended behind its own
     # K = 1 case), 1 converted; configs saved before the option had plain maps

@@ -28,13 +28,15 @@ from .head_options import HeadDims, HeadOptions, number
 
 @dataclass
 class LogitTransformOptions(HeadOptions):
-    """logit_scale: factor on the scores (> 0); logit_softcap: `c` of `c tanh(s / c)` on the scaled
-    scores, 0 for none. Left unset (None), both take the backbone family's values (`HeadDims`,
-    `backbones.LOGIT_TRANSFORMS`: Gemma 2/3's `final_logit_softcapping`, Cohere's `logit_scale`, ...;
-    1 and 0 elsewhere), so that the head computes what the family's own LM head computes."""
+    """The scores' scale and soft cap. Left unset (None), both take the backbone family's values
+    (`HeadDims`, `backbones.LOGIT_TRANSFORMS`), so that the head computes what the family's own LM
+    head computes."""
 
-    logit_scale: float | None = number(None, 0.0, open_low=True, optional=True)
-    logit_softcap: float | None = number(None, 0.0, optional=True)
+    logit_scale: float | None = number(None, 0.0, open_low=True, optional=True, help=(
+        "factor on the scores; unset: the backbone family's (Cohere's logit_scale, ...; 1 elsewhere)"))
+    logit_softcap: float | None = number(None, 0.0, optional=True, help=(
+        "c of c tanh(s / c) on the scaled scores, 0 for none; unset: the backbone family's (Gemma 2/3's "
+        "final_logit_softcapping, ...; 0 elsewhere)"))
     saved_defaults: ClassVar[dict] = {"logit_scale": 1.0, "logit_softcap": 0.0}  # configs saved before the options
 
     def backbone_defaults(self, dims: HeadDims) -> dict[str, Any]:

@@ -43,21 +43,22 @@ REFERENCE_BOUND = 0.1  # the reference codes' init: every parameter uniform(-0.1
 
 @dataclass
 class MapScaleOptions(HeadOptions):
-    """The option of every head with a `ScaledMap`: map_scale, how far a step of the stored
-    parameter moves a map (1: the plain form); None: the head's own defaults, which its options
-    class states (`scratch_defaults`, `conversion_defaults` and, for a head that had maps before the
-    option, `saved_defaults`: measured, see the module docstring)."""
+    """The option of every head with a `ScaledMap`. Left unset (None), it takes the head's own
+    defaults, which its options class states (`scratch_defaults`, `conversion_defaults` and, for a
+    head that had maps before the option, `saved_defaults`: measured, see the module docstring)."""
 
-    map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True)
+    map_scale: float | None = number(None, 0.0, 1.0, open_low=True, optional=True, help=(
+        "how far a step of a stored parameter moves the head's maps (1: the plain form, the papers'); unset: the "
+        "head's default from scratch, 1 when converted from a trained LM head"))
 
 
 @dataclass
 class MapOptions(MapScaleOptions, EncodedLabelsOptions):
-    """Options of `bilinear` and `joint`: init, "identity" (the maps start at a (semi-)identity:
-    the head starts as `tied`) or "uniform" (the reference codes); map_scale (the paper form is
-    `init: uniform, map_scale: 1`)."""
+    """Options of `bilinear` and `joint` (the paper form is `init: uniform, map_scale: 1`)."""
 
-    init: str = choice("identity", INITS)
+    init: str = choice("identity", INITS, help=(
+        "'identity': the maps start at a (semi-)identity, so the head starts as `tied`; 'uniform': the reference "
+        "codes' init"))
 
     def scaled_map(self, in_dim: int, out_dim: int, bias: bool, gain: float = 1.0) -> "ScaledMap":
         """A map of these options: `A = 0` at the identity init, so `base` is its `gain` (0 with the

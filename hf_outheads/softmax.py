@@ -33,7 +33,7 @@ from transformers import initialization as init
 from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputBias, OutputHead, nll_sum_from_logits,
                              training_mode, word_count_vector, word_rows)
 from .losses import linear_cross_entropy
-from .head_options import choice, flag, number
+from .head_options import HeadDims, choice, flag, number
 from .logit_transforms import LogitTransformOptions, logit_transform, scaled_affine, softcap, z_loss_sum
 from .loss_kernels import PEER_KERNELS, fastest_kernel, needed_features, unsupported
 from .sampled_softmax import sampled_nll_sum
@@ -46,28 +46,38 @@ PROPOSALS = ("uniform", "unigram")
 
 @dataclass
 class SoftmaxOptions(LogitTransformOptions):
-    """training_loss: "full" (logits and cross-entropy, as transformers), "chunked" (exact
-    loss without logits), "sampled" (candidate-set sampled softmax, training only), or "auto"
-    (default: "chunked" on a CUDA device, "full" elsewhere); loss_kernel: what computes the
-    "chunked" loss: "auto" (the fastest kernel installed for the device and |V|, `loss_kernels`),
-    "own" (the package's), "liger", "cce" or "torch" (a peer's, which must be installed);
-    sampled_fraction: share of the vocabulary in the candidate set (paper: 0.25; Table 4 also
-    0.05, 0.5); sampled_proposal: "uniform" (paper) or "unigram" (needs `set_word_counts`);
-    output_bias: learn a per-word output bias `b` (the papers' form); False: no bias, so that
-    the trained head exports exactly as a stock LM head without one (GPT-2, Llama, T5, ...);
-    logit_scale, logit_softcap: `LogitTransformOptions` (the backbone family's by default);
-    z_loss: coefficient `c` of the z-loss `c log(Z)^2` per scored token in training (PaLM:
-    1e-4), 0 for none; not with the sampled loss, which never computes the full `log Z`."""
+    """The single-softmax heads' options: how they train (the loss, the kernel computing it, the
+    sampled softmax's candidate set), the output bias, the z-loss, and the scores' scale and soft
+    cap (`LogitTransformOptions`)."""
 
-    training_loss: str = choice("auto", TRAINING_LOSSES)
-    loss_kernel: str = choice("auto", LOSS_KERNELS)
-    sampled_fraction: float = number(0.25, 0.0, 1.0, open_low=True)
-    sampled_proposal: str = choice("uniform", PROPOSALS)
-    output_bias: bool = flag(True)
-    z_loss: float = number(0.0, 0.0)
+    training_loss: str = choice("auto", TRAINING_LOSSES, help=(
+        "'full': logits and cross-entropy, as transformers; 'chunked': the exact loss without N x |V| logits; "
+        "'sampled': the joint-embedding paper's sampled softmax, in training only; 'auto': 'chunked' on a CUDA "
+        "device, 'full' elsewhere"))
+    loss_kernel: str = choice("auto", LOSS_KERNELS, help=(
+        "what computes the 'chunked' loss: 'auto' (the fastest kernel installed for the device and |V|), 'own' "
+        "(the package's), or a peer's, which must be installed: 'liger', 'cce', 'torch'"))
+    sampled_fraction: float = number(0.25, 0.0, 1.0, open_low=True, help=(
+        "share of the vocabulary in the sampled softmax's candidate set (the paper: 0.25)"))
+    sampled_proposal: str = choice("uniform", PROPOSALS, help=(
+        "the sampled softmax's proposal: 'uniform' (the paper) or 'unigram' (with the log-Q correction; needs "
+        "`set_word_counts`)"))
+    output_bias: bool = flag(True, help=(
+        "learn a per-word output bias b (the papers' form); false: none, so that the head exports exactly as a "
+        "stock LM head without one (GPT-2, Llama, T5, ...)"))
+    z_loss: float = number(0.0, 0.0, help=(
+        "coefficient c of the z-loss c log(Z)^2 per scored token in training (PaLM: 1e-4); 0: none; not with the "
+        "sampled loss"))
 
     def __post_init__(self):
         super().__post_init__()
+        self.check_losses()  # what was given, when parsed: a run's options are refused before its data is read
+
+    def complete(self, dims: HeadDims) -> None:
+        self.check_losses()  # again with the backbone's soft cap filled in
+
+    def check_losses(self) -> None:
+        """The training loss, its kernel and the z-loss fit together."""
         if self.z_loss and self.training_loss == "sampled":
             self.fail("option 'z_loss' needs the full log-normaliser log Z, which the sampled loss (training_loss="
                       "'sampled') never computes: use another training_loss, or z_loss 0.")
@@ -80,12 +90,12 @@ class SoftmaxOptions(LogitTransformOptions):
 
 @dataclass
 class EncodedLabelsOptions(SoftmaxOptions):
-    """Options of the heads that encode a label matrix (`bilinear`, `joint`, `drill`). labels:
-    "embeddings" (the backbone's input embeddings E, as the papers) or "own" (a `|V| x d` matrix
-    of the head's own: N(0, 0.02^2) from scratch, the original head's matrix when converted), so
-    that the head's structure comes on top of an untied output matrix instead of replacing it."""
+    """Options of the heads that encode a label matrix (`bilinear`, `joint`, `drill`)."""
 
-    labels: str = choice("embeddings", LABEL_SOURCES)
+    labels: str = choice("embeddings", LABEL_SOURCES, help=(
+        "the label matrix encoded: 'embeddings' (the backbone's input embeddings E, as the papers) or 'own' (a "
+        "|V| x d matrix of the head's own: the original head's when converted), so that the head's structure comes "
+        "on top of an untied output matrix"))
 
 
 def _same_values(kept: tuple, tensors: tuple) -> bool:

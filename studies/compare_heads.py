@@ -8,7 +8,7 @@ as mean ± std over seeds, the learning curves, and perplexity against training 
 `--heads` lists run names. A name is a head type, or a key of the config's
 `head_options_by_head` whose options hold `head_type` (a variant, e.g.
 `mos-paper: {head_type: mos, latent_init: uniform}`). Every (name, seed) run is a separate
-`accelerate launch -m training.train` in `<output_dir>/<name>/seed<seed>/`; a run whose
+`accelerate launch -m hf_outheads.training.train` in `<output_dir>/<name>/seed<seed>/`; a run whose
 results exist is reused, so a killed comparison resumes where it stopped. With `--jobs N`,
 N runs train at once, each with `cores / N` torch threads. Written: `results.md`,
 `results.json`, `curves.png` (perplexity per evaluation, mean and range over seeds) and
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import yaml
 
+from hf_outheads.training.options import CONFIG_FILE, parse_options, saved_options
+from hf_outheads.training.tracking import RESULTS_FILE, read_metrics
 from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
-from training.options import CONFIG_FILE, parse_options, saved_options
-from training.tracking import RESULTS_FILE, read_metrics
 
 def add_flags(parser):
     parser.add_argument("--heads", required=True, help="Comma-separated run names: head types or variants (see above).")
@@ -56,7 +56,7 @@ def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
     specs, unknown, errors = {}, [], []
     for name in names:
         try:
-            spec = options.head_spec(name)
+            spec = options.model.head_spec(name)
             specs[name] = (spec.head_type, spec.spelt_out())
         except ValueError as error:
             unknown.append(name)
@@ -68,7 +68,7 @@ def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
 
 def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: str, threads: int) -> dict:
     """Train one (name, seed) in a subprocess, or reuse its finished results."""
-    run_dir = Path(options.output_dir) / name / f"seed{seed}"
+    run_dir = Path(options.training.output_dir) / name / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {**saved_options(options), "head_type": spec[0], "head_options": spec[1], "head_options_by_head": {},
               "seed": seed, "output_dir": str(run_dir), "resume": "never", "push_to_hub": False}
@@ -80,7 +80,7 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
     else:
         results_path.unlink(missing_ok=True)
         config_path.write_text(text)
-        command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), "-m", "training.train",
+        command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), "-m", "hf_outheads.training.train",
                    "--config", str(config_path), "--overwrite_output_dir", "true"]
         print(f"=== {name} seed {seed}: {' '.join(command)}", flush=True)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
@@ -105,10 +105,10 @@ def fill_flops(run: dict, run_dir: Path, options) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from training.modeling import model_class, step_flops
+    from hf_outheads.training.modeling import model_class, step_flops
 
     with torch.device("meta"):
-        model = model_class(options.task)(AutoConfig.from_pretrained(run_dir))
+        model = model_class(options.model.task)(AutoConfig.from_pretrained(run_dir))
     per_step = step_flops(model, options, 1)
     run["train_flops_per_step"], run["train_flops"] = per_step, per_step * run["curve"][-1]["step"]
     for point in run["curve"]:
@@ -120,7 +120,7 @@ def main(argv=None):
     options = parse_options(argv, description=__doc__, extra=add_flags)
     extra = options.extra
     names = [h.strip() for h in extra["heads"].split(",") if h.strip()]
-    seeds = [int(s) for s in extra["seeds"].split(",")] if extra["seeds"] else [options.seed]
+    seeds = [int(s) for s in extra["seeds"].split(",")] if extra["seeds"] else [options.training.seed]
     saved = json.loads((extra["add_to"] / "results.json").read_text()) if extra["add_to"] else None
     if saved is not None and extra["seeds"] is None:
         seeds = saved["seeds"]
@@ -130,7 +130,7 @@ def main(argv=None):
     specs = run_specs(options, names)
     jobs = max(1, extra["jobs"])
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    output_dir = Path(options.output_dir)
+    output_dir = Path(options.training.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(jobs) as pool:
         runs = list(pool.map(lambda job: run_one(options, job[0], specs[job[0]], job[1], extra["launch_args"], threads),

@@ -53,8 +53,8 @@ def mtp_runs(root: Path) -> list[Path]:
 
 def prompts(tokenizer, count: int, length: int) -> list[torch.Tensor]:
     """`(1, length)` prompts: the first tokens of the built-in corpus's validation texts (`leading_tokens`)."""
-    from training.mtp_distill import leading_tokens
-    from training.stdlib_corpus import load_stdlib_dataset
+    from hf_outheads.training.mtp_distill import leading_tokens
+    from hf_outheads.training.corpora.stdlib import load_stdlib_dataset
 
     texts = (row["text"] for row in load_stdlib_dataset("text")["validation"])
     return [torch.tensor([ids]) for ids in leading_tokens(texts, tokenizer, count, length)]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from training import train
+from hf_outheads.training import train
+from hf_outheads.training.tracking import RESULTS_FILE
 from studies.comparison_tables import markdown_table, summarise
-from training.tracking import RESULTS_FILE
 
 EVALUATED = ("eval_loss", "eval_perplexity", "eval_sacrebleu", "eval_chrf", "eval_generated")
 

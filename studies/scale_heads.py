@@ -1,6 +1,6 @@
 """The head comparison at GPT-2-small size, on one GPU, as a queue that outlives a GPU lease:
 every head trains the same backbone on the same token budget and block order of the packed
-corpus (`studies/scale_corpus.py`), compiled (`torch.compile`), in bf16 autocast with sdpa
+corpus (`training/corpora/debian_docs.py`), compiled (`torch.compile`), in bf16 autocast with sdpa
 attention, TF32 and fused AdamW, with no host sync per step; recorded per run: validation
 perplexity (during and after training), perplexity by training-frequency band
 (`hf_outheads.frequency_bands`), training tokens/s, training FLOPs (`hf_outheads.flops`), the
@@ -43,7 +43,8 @@ import numpy as np
 import torch
 import yaml
 
-from training.options import head_spec
+from hf_outheads.training.options import head_spec
+from hf_outheads.training.throughput import peak_tflops
 
 RUNS_FILE = "scale_runs.jsonl"
 RESULTS = Path(__file__).parent / "results" / "scale_gpt2small"  # the committed runs: the queue's state
@@ -98,15 +99,6 @@ def evaluate(model, validation: torch.Tensor, word_counts, batch: int, bf16: boo
 def synchronize(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def peak_tflops(device) -> float | None:
-    """The device's dense bf16 rate, measured now (`benchmarks.bench_gpu.bf16_peak_tflops`); None on a CPU."""
-    if device.type != "cuda":
-        return None
-    from benchmarks.bench_gpu import bf16_peak_tflops
-
-    return bf16_peak_tflops()
 
 
 def predicted_seconds(flops: float, evaluations: int, eval_flops: float, runs: list[dict]) -> float | None:
@@ -221,8 +213,8 @@ def train_head(name: str, cfg: dict, data: dict, device, deadline: float | None 
 
 
 def load_data(folder: Path, device) -> dict:
-    from studies.scale_corpus import load_blocks
-    from training.tokenization import load_tokenizer
+    from hf_outheads.training.corpora.debian_docs import load_blocks
+    from hf_outheads.training.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(str(folder), auto=False)
     train, validation = load_blocks(folder, "train"), load_blocks(folder, "validation")
@@ -336,7 +328,7 @@ def portable(arg: str) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path(__file__).parent / "configs" / "scale_gpt2small.yaml")
-    parser.add_argument("--data", type=Path, help="folder of the packed corpus (studies/scale_corpus.py)")
+    parser.add_argument("--data", type=Path, help="folder of the packed corpus (training/corpora/debian_docs.py)")
     parser.add_argument("--heads", help="comma-separated run names to train, in this order, at the config's seed "
                                         "(default: the queue, and its second seeds)")
     parser.add_argument("--runs", type=Path, default=RESULTS / RUNS_FILE,
@@ -375,7 +367,7 @@ def main(argv=None):
     if not todo:
         print(f"=== nothing left in the queue: every run is in {runs_file}", flush=True)
         return tabulate([runs_file], args.out, command)
-    peak = peak_tflops(device)
+    peak = peak_tflops(device.type)
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"=== {device_name}" + (f": dense bf16 peak measured {peak:.0f} TFLOP/s" if peak else "")
           + f"; queue: {', '.join(f'{n} (seed {s})' for n, s in todo)}", flush=True)

@@ -12,14 +12,14 @@ import torch.distributed as dist
 
 from hf_outheads import HEAD_CLASSES
 from tiny import VOCAB, tiny_model
-from training.options import head_spec
+from hf_outheads.training.options import head_spec
 
 
 def variants() -> dict[str, dict]:
     """Every registered head with its contract options (`contract_options`), its further forms
     (`contract_variants`: `<head>-<suffix>`), and the form that reads `E` of each head whose option
     `tied` makes it do so (`<head>-tied`), as a config's
-    `head_options_by_head` writes them: the workers name a case's head by `training.options.head_spec`,
+    `head_options_by_head` writes them: the workers name a case's head by `hf_outheads.training.options.head_spec`,
     the one rule from a run name to its head."""
     cases = {}
     for head_type, cls in HEAD_CLASSES.items():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import subprocess_runs
-from training.launching import has_accelerator
+from hf_outheads.training.launching import has_accelerator
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLED = importlib.util.find_spec("hf_outheads.training")
@@ -60,14 +60,14 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
 
 
 def test_a_config_named_as_the_readmes_write_it_is_found_from_any_folder(tmp_path, monkeypatch):
-    from training.options import SHIPPED_CONFIGS, config_path, parse_options
+    from hf_outheads.training.options import SHIPPED_CONFIGS, config_path, parse_options
 
     monkeypatch.chdir(tmp_path)
     assert config_path("training/configs/quickstart_lm.yaml") == SHIPPED_CONFIGS / "quickstart_lm.yaml"
-    assert parse_options(["--config", "training/configs/quickstart_seq2seq.yaml"]).task == "seq2seq"
+    assert parse_options(["--config", "training/configs/quickstart_seq2seq.yaml"]).model.task == "seq2seq"
     (tmp_path / "training" / "configs").mkdir(parents=True)
     (tmp_path / "training" / "configs" / "quickstart_lm.yaml").write_text("max_steps: 7\n")
-    assert parse_options(["--config", "training/configs/quickstart_lm.yaml"]).max_steps == 7  # a file there wins
+    assert parse_options(["--config", "training/configs/quickstart_lm.yaml"]).training.max_steps == 7  # a file there wins
     with pytest.raises(ValueError, match=r"--config my/run.yaml: no such file. The shipped configs are "
                                          r"training/configs/\{.*quickstart_lm.yaml"):
         parse_options(["--config", "my/run.yaml"])
@@ -107,7 +107,7 @@ def test_exporting_a_folder_that_does_not_exist_says_so_in_one_line_without_the_
     never reaches the Hub; a repo id does, and its failure is one line too."""
     import transformers
 
-    from training.export import main
+    from hf_outheads.training.export import main
 
     def no_hub(name, *args, **kwargs):
         raise AssertionError(f"the Hub was asked for {name}")
@@ -135,7 +135,7 @@ def test_deepspeeds_cpu_notice_is_left_out_of_runs_that_do_not_use_deepspeed():
     """accelerate imports DeepSpeed wherever it is installed; on a machine without GPU it then logs
     "Setting accelerator to CPU ..." (on stdout). The training code drops that one message unless the
     launch asks for DeepSpeed."""
-    code = ("import training, deepspeed.accelerator as a, deepspeed.utils as u; a.get_accelerator(); "
+    code = ("import hf_outheads.training, deepspeed.accelerator as a, deepspeed.utils as u; a.get_accelerator(); "
             "u.logger.warning('another DeepSpeed warning')")
     env = {k: v for k, v in ENV.items() if k not in ("DS_ACCELERATOR", "ACCELERATE_USE_DEEPSPEED")}
     for asked, env in ((False, env), (True, {**env, "ACCELERATE_USE_DEEPSPEED": "true"})):
@@ -173,9 +173,9 @@ BAD_COMMAND_LINES = [
     (["export", "--bad"], r"hf-outheads export: error: "),
     (["export", "run", "out", "--approximate"], r"--approximate measures what dropping the bias costs on --text-file"),
     (["mtp-distill", "--bad"], r"hf-outheads mtp-distill: error: "),
-    (["mtp-distill", "run", "--output_dir", "out", "--prompts", "0"], r"--prompts: must be an integer >= 1, got '0'"),
+    (["mtp-distill", "run", "--output_dir", "out", "--prompts", "0"], r"Option prompts must be an integer >= 1, got 0"),
     (["quickstart", "--bad"], r"Unknown option\(s\) \['--bad'\] in the command line"),
-    (["quickstart", "--overwrite_output_dir", "maybe"], r"--overwrite_output_dir must be true or false"),
+    (["quickstart", "--overwrite_output_dir", "maybe"], r"Option overwrite_output_dir must be true or false, got 'maybe'"),
     (["quickstart", "--block-size", "600"], r"block_size=600 is larger than the gpt2 backbone's 512 positions"),
 ]
 
@@ -205,12 +205,12 @@ def test_dashed_spellings_are_accepted_and_every_commands_help_shows_the_default
     """Issue 47, item 12: `--max-steps` is `--max_steps` (as `HfArgumentParser` reads both, and
     `hf-outheads export` has `--text-file`), and `--help` gives each option's default."""
     from hf_outheads.cli import main
-    from training.options import parse_options
-    from training.quickstart import parse_args as quickstart_args
+    from hf_outheads.training.options import parse_options
+    from hf_outheads.training.quickstart import parse_args as quickstart_args
 
     options = parse_options(["--max-steps", "3", "--output-dir", "x", "--head-options", "{depth: 2}", "--head-type",
                              "drill", "--overwrite-output-dir"])
-    assert (options.max_steps, options.output_dir, options.head_options, options.overwrite_output_dir) == \
+    assert (options.training.max_steps, options.training.output_dir, options.model.head_options, options.training.overwrite_output_dir) == \
         (3, "x", {"depth": 2}, True)
     assert quickstart_args(["--output-root", "r", "--overwrite-output-dir", "true"]).output_root == "r"
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
@@ -235,8 +235,8 @@ def mtp_run(tmp_path_factory):
     from accelerate.state import AcceleratorState, GradientState
 
     from tiny import tiny_model
-    from training.options import TrainOptions, check_values
-    from training.train import training_function
+    from hf_outheads.training.options import RunOptions
+    from hf_outheads.training.train import training_function
 
     root = tmp_path_factory.mktemp("distill")
     AcceleratorState._reset_state(True)
@@ -245,7 +245,7 @@ def mtp_run(tmp_path_factory):
                    dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=60, max_eval_samples=10,
                    tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=4,
                    max_steps=2, report_to="jsonl", sample_max_new_tokens=4, head_type="mtp", output_dir=str(root / "mtp"))
-    training_function(check_values(TrainOptions(**options)))
+    training_function(RunOptions.from_flat(options))
     tied = root / "tied"
     tiny_model("gpt2", "tied").save_pretrained(tied)
     shutil.copy(root / "mtp" / "train_config.yaml", tied)
@@ -261,11 +261,11 @@ def test_mtp_distill_runs_on_a_run_that_train_wrote_and_replaces_only_a_folder_i
     --overwrite; the run itself, a folder inside it or around it never."""
     from transformers import AutoModelForCausalLM
 
-    from training.mtp_distill import main
-    from training.options import parse_options
+    from hf_outheads.training.mtp_distill import main
+    from hf_outheads.training.options import parse_options
 
     run, _ = mtp_run
-    assert parse_options(["--config", str(run / "train_config.yaml")]).head_type == "mtp"
+    assert parse_options(["--config", str(run / "train_config.yaml")]).model.head_type == "mtp"
     main([str(run), "--output_dir", str(tmp_path / "distilled"), *DISTILL])
     assert json.loads((tmp_path / "distilled" / "distill.json").read_text())["losses_after"]
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "distilled").config.head_type == "mtp"
@@ -286,7 +286,7 @@ def test_mtp_distill_runs_on_a_run_that_train_wrote_and_replaces_only_a_folder_i
 
 
 def test_mtp_distill_refuses_a_model_that_is_not_mtp_before_generating(mtp_run, tmp_path, monkeypatch, capsys):
-    from training import mtp_distill
+    from hf_outheads.training import mtp_distill
 
     _, tied = mtp_run
     monkeypatch.setattr(mtp_distill, "greedy_examples", lambda *a, **k: pytest.fail("generated before refusing"))

@@ -17,8 +17,8 @@ from torch._dynamo.utils import counters
 from hf_outheads import get_head_class, losses
 from head_cases import HEAD_CASES
 from tiny import batch, tiny_model
-from training.options import TrainOptions, check_values
-from training.train import training_function
+from hf_outheads.training.options import RunOptions
+from hf_outheads.training.train import training_function
 
 
 def options(head: str) -> dict:
@@ -60,23 +60,25 @@ def test_compiled_training_step_equals_eager(head, monkeypatch):
         assert not any(calls) and len(calls) == 2
 
 
-def test_a_compiled_training_run_compiles_its_step_once(tmp_path, monkeypatch):
-    """`training.train --torch_compile`: one graph for the whole run, compiled at the first step, with
+def test_a_compiled_training_run_compiles_its_step_once(tmp_path):
+    """`hf_outheads.training.train --torch_compile`: one graph for the whole run, compiled at the first step, with
     no graph break (no host sync inside the step) and no recompilation: not after a logging step, an
     evaluation or a checkpoint (evaluation and generation run eagerly), nor at an epoch's end, whose
     last, shorter batch a compiled run drops (here 33 blocks of 32 tokens in batches of 5: 6 steps an epoch,
     collated by a worker process that the second epoch keeps)."""
-    options = TrainOptions(
+    options = RunOptions.from_flat(dict(
         task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
         dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=6, max_eval_samples=4,
         tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=5,
         per_device_eval_batch_size=8, dropout=0.0, max_steps=8, logging_steps=2, eval_steps=3, save_steps=5,
-        sample_max_new_tokens=2, dataloader_num_workers=1, torch_compile=True, output_dir=str(tmp_path / "out"))
+        sample_max_new_tokens=2, dataloader_num_workers=1, torch_compile=True, output_dir=str(tmp_path / "out")))
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    results = training_function(check_values(options))
+    # torch's own patch, not monkeypatch: pytest >= 9.2 undoes a module attribute it does not find in the
+    # module's __dict__ by deleting it, which hides this config for the rest of the session
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        results = training_function(options)
     assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] == 1
     assert math.isfinite(results["eval_perplexity"]) and (tmp_path / "out" / "model.safetensors").is_file()

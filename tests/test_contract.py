@@ -80,7 +80,7 @@ from head_cases import HEAD_CASES
 from benchmarks.bench_heads import HEAD_VARIANTS, run_case
 from sharded_cases import CASES
 from tiny import tiny_config
-from training.options import head_spec
+from hf_outheads.training.options import head_spec
 
 assert "/copy/" in hf_outheads.__file__, hf_outheads.__file__
 model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), head_type="toy",
@@ -94,7 +94,7 @@ measured = run_case(dict(head="toy-small", vocab=64, positions=32, reps=1, threa
                          dtype="fp32", backbone="gpt2-tiny", gen_tokens=0, gen_reps=1))
 assert measured["step_s"] > 0 and measured["step_vs_tied"] > 0, measured
 assert plain_export_capabilities()["toy"] is True
-from studies.doc_tables import head_table, serving_table
+from tools.doc_tables import head_table, serving_table
 assert "| `toy` | [Doe & Roe 2026](https://arxiv.org/abs/2601.00001) | yes |" in head_table(), head_table()
 assert "`toy`" in next(line for line in serving_table().splitlines() if line.startswith("| `linear`"))
 assert HEAD_CASES["toy"] == {"output_bias": False}

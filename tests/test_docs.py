@@ -61,7 +61,7 @@ def snippets(text: str) -> list[str]:
 
 
 def test_the_training_readme_gives_the_quickstarts_own_command():
-    from training.quickstart import TASKS, by_hand_command, launch_command
+    from hf_outheads.training.quickstart import TASKS, by_hand_command, launch_command
 
     training_readme = (ROOT / "training" / "README.md").read_text()
     for task in TASKS:
@@ -74,7 +74,7 @@ def test_the_training_readme_gives_the_quickstarts_own_command():
         script = by_hand.index("training/train.py")
         assert [a for a in launched[4:] if a != "--quiet"] == [
             str(ROOT / a) if a.startswith("training/") else a
-            for a in [*by_hand[2:script], "-m", "training.train", *by_hand[script + 1:]]]
+            for a in [*by_hand[2:script], "-m", "hf_outheads.training.train", *by_hand[script + 1:]]]
 
 
 def unbound_names(code: str) -> set[str]:
@@ -105,14 +105,14 @@ def test_the_readme_installs_each_extra_once():
 
 def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
     """README.md's head table, hf_outheads/README.md's serving table and list of families, regimes.md's
-    and families.md's tables are what `python -m studies.doc_tables` writes from the head classes and the
+    and families.md's tables are what `python -m tools.doc_tables` writes from the head classes and the
     results files; a figure, a seed count or a family edited by hand, in any of them, no longer matches."""
-    from studies.doc_tables import documents, held_and_current
+    from tools.doc_tables import documents, held_and_current
 
     tables = {}
     for path in documents():
         for name, held, now in held_and_current(path):
-            assert held == now, f"{path.relative_to(ROOT)}: table `{name}` is not current: run python -m studies.doc_tables"
+            assert held == now, f"{path.relative_to(ROOT)}: table `{name}` is not current: run python -m tools.doc_tables"
             tables[name] = (path, held)
     assert set(tables) == {"heads", "serving", "regimes", "families", "unbuilt_families"}
     edits = {"heads": ("-5.2% (3/3)", "-5.2% (1/3)"), "serving": ("not at all: a mixture", "exact: a mixture"),
@@ -133,7 +133,7 @@ def test_the_head_tables_seed_counts_come_from_each_seeds_results(tmp_path, monk
     import json
     import shutil
 
-    import studies.doc_tables as doc_tables
+    import tools.doc_tables as doc_tables
     from studies.regimes import RESULTS
 
     results = tmp_path / "results"

@@ -280,8 +280,8 @@ def test_conversion_into_a_head_without_bias():
 
 
 def test_command_line(tmp_path):
-    """`python -m training.export <trained_dir> <out_dir>`: the saved model and its tokenizer."""
-    from training.export import main
+    """`python -m hf_outheads.training.export <trained_dir> <out_dir>`: the saved model and its tokenizer."""
+    from hf_outheads.training.export import main
 
     model = perturb(tiny_model("llama", "drill"))
     model.save_pretrained(tmp_path / "trained")

@@ -373,9 +373,9 @@ def test_conversion_keeps_the_next_token_model_and_shares_the_converted_head():
 
 
 def test_training_loop_logs_the_future_losses_apart():
-    """`training.loop`'s running record carries each depth's loss (`train_mtp_nll_k`) beside the
+    """`hf_outheads.training.loop`'s running record carries each depth's loss (`train_mtp_nll_k`) beside the
     next-token loss (`train_loss`)."""
-    from training.loop import RunningLoss
+    from hf_outheads.training.loop import RunningLoss
 
     running = RunningLoss()
     running.add(3.0, None, {"mtp_nll_1": 4.0, "mtp_nll_2": 5.0})
@@ -440,14 +440,14 @@ def test_the_last_hidden_state_alone_is_the_captured_one(family):
 
 
 def test_window_step_averages_the_named_terms_over_the_window():
-    """`training.loop.window_step` hands back each depth's loss, the mean over the window's micro-batches,
+    """`hf_outheads.training.loop.window_step` hands back each depth's loss, the mean over the window's micro-batches,
     and its accumulated gradient is the whole batch's: the future terms sum over micro-batches as the
     next-token loss does."""
-    from types import SimpleNamespace
+    from hf_outheads.training.options import RunOptions
 
     from test_training_checkpoints_and_launches import frozen_window_parts
 
-    from training.loop import NonFiniteWatch, window_step
+    from hf_outheads.training.loop import NonFiniteWatch, window_step
 
     model = mtp_model(num_future=2).train()
     ids = torch.randint(3, VOCAB, (4, 9), generator=torch.Generator().manual_seed(0))
@@ -459,7 +459,7 @@ def test_window_step_averages_the_named_terms_over_the_window():
     model.zero_grad()
     accelerator, optimizer, scheduler = frozen_window_parts(model)
     terms = {}
-    window_step(accelerator, model, optimizer, scheduler, window, SimpleNamespace(task="causal_lm", max_grad_norm=None),
+    window_step(accelerator, model, optimizer, scheduler, window, RunOptions.from_flat({"max_grad_norm": None}),
                 NonFiniteWatch(accelerator.device), terms)
     assert sorted(terms) == ["mtp_nll_1", "mtp_nll_2"]
     for name, value in terms.items():
@@ -501,10 +501,10 @@ def test_short_sequences_and_ignored_labels_stay_finite():
 
 
 def test_self_distillation_trains_the_predictors_alone_and_raises_acceptance(tmp_path):
-    """`training.mtp_distill`: the predictors learn the model's own greedy continuations (labels on the
+    """`hf_outheads.training.mtp_distill`: the predictors learn the model's own greedy continuations (labels on the
     continuations only); the next-token model keeps every value, and drafting on those prompts keeps
     more of its drafts than before."""
-    from training.mtp_distill import distill, greedy_examples
+    from hf_outheads.training.mtp_distill import distill, greedy_examples
 
     model = mtp_model(num_future=2, seed=1)
     prompts = torch.randint(3, VOCAB, (32, 5), generator=torch.Generator().manual_seed(5))

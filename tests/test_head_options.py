@@ -58,7 +58,7 @@ def test_every_declared_option_rejects_a_value_of_the_wrong_type(head_type):
     choice is wanted, a list where anything else is wanted."""
     for f in declared_fields(head_type):
         spec = f.metadata["spec"]
-        wrong = {"choice": [3, ["full"]], "custom": [3, "x"]}.get(spec.kind, ["1", [1]])
+        wrong = {"choice": [3, ["full"]], "text": [3, "x"]}.get(spec.kind, ["1", [1]])
         for value in wrong:
             with pytest.raises(ValueError) as error:
                 HEAD_CLASSES[head_type].Options.from_dict({f.name: value}).resolve(DIMS)
@@ -108,3 +108,41 @@ def test_options_are_resolved_once_in_the_config_and_handed_to_the_head(tmp_path
     model.save_pretrained(tmp_path)
     saved = (tmp_path / "config.json").read_text()
     assert "_resolved_head_options" not in saved and '"joint_dim": 4' in saved
+
+
+@pytest.mark.parametrize("head,given", [("joint", {"joint_dim": 8}), ("mtp", {"head": "drill", "num_future": 2})])
+def test_a_models_head_options_are_checked_and_resolved_once(head, given, tmp_path, monkeypatch):
+    """Issue 48: a model's head options are checked once (each declared field, when the options
+    object is built) and resolved once, by `OutHeadsConfig(...)` and again only by `from_pretrained`'s config; building
+    the model, and the head, check nothing. `mtp`'s shared head gets the object its options resolved
+    (`MTPOptions.complete`), not a dict turned into options again."""
+    from hf_outheads import HeadOptions, OutHeadsForCausalLM
+
+    calls, check, resolve = [], HeadOptions.__post_init__, HeadOptions.resolve  # building options checks each field
+    monkeypatch.setattr(HeadOptions, "__post_init__", lambda self: (calls.append(("check", type(self))), check(self))[1])
+    monkeypatch.setattr(HeadOptions, "resolve", lambda self, dims: (calls.append(("resolve", type(self))), resolve(self, dims))[1])
+    classes = [HEAD_CLASSES[head].Options] + ([HEAD_CLASSES[given["head"]].Options] if head == "mtp" else [])
+    once = sorted([(call, cls) for cls in classes for call in ("check", "resolve")], key=str)
+    config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_type=head, head_options=given)
+    assert sorted(calls, key=str) == once
+    calls.clear()
+    model = OutHeadsForCausalLM(config)
+    assert calls == [] and model.head.options is config.resolved_head_options
+    if head == "mtp":
+        assert model.head.shared.options is model.head.options.head_options
+    model.save_pretrained(tmp_path)
+    calls.clear()
+    loaded = OutHeadsForCausalLM.from_pretrained(tmp_path)
+    assert sorted(calls, key=str) == once and loaded.config.head_options == config.head_options
+
+
+@pytest.mark.parametrize("head_type", sorted(HEAD_CLASSES))
+def test_every_head_option_has_help_and_is_documented(head_type):
+    """Each option's declaration carries its help (what it sets); hf_outheads/README.md, which says
+    why the defaults are what they are, names every option."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "hf_outheads" / "README.md").read_text()
+    for name, spec in HEAD_CLASSES[head_type].Options.declarations().items():
+        assert spec.help.strip(), (head_type, name)
+        assert f"`{name}`" in readme, (head_type, name)

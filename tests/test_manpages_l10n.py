@@ -1,4 +1,4 @@
-"""The parallel corpus of translated man pages (training/manpages_l10n_corpus.py), the copy
+"""The parallel corpus of translated man pages (training/corpora/manpages_l10n.py), the copy
 baseline of generation metrics (training/evaluation.py `copy_scores`), the seq2seq tables
 (studies/comparison_tables.py `generation_table`) and the seq2seq regime configs."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from hf_outheads.training import data as data_lib
+from hf_outheads.training.corpora import manpages_l10n as l10n
+from hf_outheads.training.options import parse_options
 from studies import compare_heads
 from studies.comparison_tables import generation_table, summarise
 from test_study import fake_deb
-from training import data as data_lib
-from training import manpages_l10n_corpus as l10n
-from training.options import parse_options
 
 ENGLISH = r'''.TH close 2 2022-10-30 "Linux man-pages 6.03"
 .SH NAME
@@ -126,7 +126,7 @@ def test_the_real_italian_pages_align_with_the_english_ones():
 
 
 def test_the_copied_source_is_scored_as_a_prediction():
-    from training.evaluation import copy_scores
+    from hf_outheads.training.evaluation import copy_scores
 
     scores = copy_scores(["sacrebleu", "chrf"], ["translate: the cat sat on the mat", "translate: a dog"],
                          ["the cat sat on the mat", "a cat"], prefix="translate: ")
@@ -168,8 +168,8 @@ SEQ2SEQ_REGIMES = ["compare_translate_manpages.yaml", "compare_finetune_translat
 def test_the_seq2seq_regime_configs_load_and_name_valid_heads(name):
     config = Path(__file__).resolve().parents[1] / "studies" / "configs" / name
     options = parse_options(["--config", str(config)])
-    assert options.task == "seq2seq" and options.dataset_name in (data_lib.MANPAGES_L10N, data_lib.BUILTIN)
-    assert options.generation_metrics == ["sacrebleu", "chrf"] and options.generation_num_beams == 4
+    assert options.model.task == "seq2seq" and options.data.dataset_name in (data_lib.MANPAGES_L10N, data_lib.BUILTIN)
+    assert options.training.generation_metrics == ["sacrebleu", "chrf"] and options.training.generation_num_beams == 4
     heads = re.search(r"--heads (\S+)", config.read_text()).group(1).split(",")  # the documented command
     assert {"tied", "linear", "joint", "drill", "drill-own", "mos", "sigsoftmax"} <= set(heads)
     specs = compare_heads.run_specs(options, heads)  # every name resolves to a registered head and its options

@@ -19,12 +19,12 @@ def test_quickstart_runs(tmp_path):
 
 
 def test_training_quickstart_with_a_wrong_option_fails_in_one_message(tmp_path):
-    """`python -m training.quickstart` passes extra options to train.py, which checks them before
+    """`python -m hf_outheads.training.quickstart` passes extra options to train.py, which checks them before
     any task is launched: a wrong one is train.py's one line, exit status 2, no traceback, nothing
     trained."""
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    run = subprocess.run([sys.executable, "-m", "training.quickstart", "--output_root", str(tmp_path),
+    run = subprocess.run([sys.executable, "-m", "hf_outheads.training.quickstart", "--output_root", str(tmp_path),
                           "--head_type", "softmaxx"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert run.stderr.strip().splitlines() == [line for line in run.stderr.strip().splitlines()
@@ -40,7 +40,7 @@ def test_the_quickstart_keeps_an_earlier_run_unless_told_to_replace_it(tmp_path)
     earlier.mkdir()
     (earlier / "config.json").write_text("{}")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    command = [sys.executable, "-m", "training.quickstart", "--output_root", str(tmp_path), "--head_type", "softmaxx"]
+    command = [sys.executable, "-m", "hf_outheads.training.quickstart", "--output_root", str(tmp_path), "--head_type", "softmaxx"]
     run = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and run.stdout == "", run.stdout  # not even the language model was trained
     assert run.stderr.strip() == (f"=== quickstart: {earlier} holds the finished model of an earlier run: this run would "
@@ -54,7 +54,7 @@ def test_the_quickstart_keeps_an_earlier_run_unless_told_to_replace_it(tmp_path)
 
 def test_the_quickstart_launches_train_py_told_to_replace_the_earlier_run(tmp_path, monkeypatch, capsys):
     """Its options right, the quickstart launches train.py with --overwrite_output_dir true (by hand too)."""
-    from training import quickstart
+    from hf_outheads.training import quickstart
 
     (tmp_path / "quickstart_seq2seq").mkdir()
     (tmp_path / "quickstart_seq2seq" / "config.json").write_text("{}")
@@ -69,7 +69,7 @@ def test_the_quickstart_launches_train_py_told_to_replace_the_earlier_run(tmp_pa
 
 
 def test_the_quickstart_checks_its_figures_against_the_stated_ones():
-    from training.quickstart import EXPECTED, check_figures
+    from hf_outheads.training.quickstart import EXPECTED, check_figures
 
     stated = {key: value for task in EXPECTED.values() for key, (value, _) in task.items()}
     lm = {"eval_perplexity": stated["eval_perplexity"]}
@@ -86,7 +86,7 @@ def test_the_quickstart_checks_its_figures_against_the_stated_ones():
 
 
 def test_the_readmes_state_the_figures_and_tolerances_the_quickstart_checks():
-    from training.quickstart import EXPECTED
+    from hf_outheads.training.quickstart import EXPECTED
 
     root = Path(__file__).resolve().parents[1]
     training_readme = (root / "training" / "README.md").read_text()

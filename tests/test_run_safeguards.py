@@ -21,8 +21,8 @@ import yaml
 from accelerate.state import AcceleratorState, GradientState
 
 import subprocess_runs
-from training.options import TrainOptions, check_values, parse_options
-from training.train import training_function
+from hf_outheads.training.options import RunOptions, parse_options
+from hf_outheads.training.train import training_function
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART_LM = ROOT / "training" / "configs" / "quickstart_lm.yaml"
@@ -38,7 +38,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("P
 def run(output_dir, **overrides):
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    return training_function(check_values(TrainOptions(**{**TINY, "output_dir": str(output_dir), **overrides})))
+    return training_function(RunOptions.from_flat({**TINY, "output_dir": str(output_dir), **overrides}))
 
 
 def quickstart_head_options() -> dict:
@@ -54,7 +54,7 @@ def trained(tmp_path_factory):
 
 
 def export_cli(*argv):
-    from training.export import main
+    from hf_outheads.training.export import main
 
     return main([str(a) for a in argv])
 
@@ -107,7 +107,7 @@ def test_a_folder_without_a_tokenizer_is_exported_without_one(trained, tmp_path)
 
 # two runs on one output_dir
 def test_a_second_run_on_a_locked_output_dir_is_refused_naming_the_first(tmp_path):
-    from training.safeguards import LOCK_FILE, OutputDirInUse, _process_start
+    from hf_outheads.training.safeguards import LOCK_FILE, OutputDirInUse, _process_start
 
     out = tmp_path / "out"
     out.mkdir()
@@ -132,7 +132,7 @@ def test_a_second_run_on_a_locked_output_dir_is_refused_naming_the_first(tmp_pat
 def test_a_lock_being_written_is_a_run_starting_and_an_old_empty_one_a_killed_run(tmp_path):
     """The lock file is created, then written: read in between, it is empty. That is a run starting
     now (refused), unless it has stayed empty for longer than any write takes (a run killed then)."""
-    from training.safeguards import LOCK_FILE, STARTING_S, OutputDirInUse, RunLock
+    from hf_outheads.training.safeguards import LOCK_FILE, STARTING_S, OutputDirInUse, RunLock
 
     (tmp_path / LOCK_FILE).write_text("")
     with pytest.raises(OutputDirInUse, match="a run starting now, writing its lock"):
@@ -145,8 +145,8 @@ def test_a_lock_being_written_is_a_run_starting_and_an_old_empty_one_a_killed_ru
 
 
 def test_the_command_line_refuses_a_locked_output_dir_and_releases_its_own_lock(tmp_path, capsys):
-    from training.safeguards import LOCK_FILE
-    from training.train import main
+    from hf_outheads.training.safeguards import LOCK_FILE
+    from hf_outheads.training.train import main
 
     out = tmp_path / "out"
     out.mkdir()
@@ -164,7 +164,7 @@ def test_the_command_line_refuses_a_locked_output_dir_and_releases_its_own_lock(
 
 # a NaN loss
 def test_a_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    from training.safeguards import NonFiniteError
+    from hf_outheads.training.safeguards import NonFiniteError
 
     out = tmp_path / "out"
     with pytest.raises(NonFiniteError, match=r"optimizer step (\d+): the (training loss|gradient norm) is (nan|inf)") as error:
@@ -189,11 +189,11 @@ def test_a_run_whose_context_is_shorter_than_prompt_and_sample_is_saved(tmp_path
 
 # a vocabulary smaller than the tokenizer
 def test_a_model_vocabulary_smaller_than_the_tokenizer_is_refused_before_training(tmp_path):
-    from training.preflight import check_run
+    from hf_outheads.training.preflight import check_run
 
     overrides = {**TINY["model_overrides"], "vocab_size": 100}
     with pytest.raises(ValueError, match="vocab_size = 100 is smaller than the tokenizer"):
-        check_run(check_values(TrainOptions(**{**TINY, "output_dir": str(tmp_path / "a"), "model_overrides": overrides})))
+        check_run(RunOptions.from_flat({**TINY, "output_dir": str(tmp_path / "a"), "model_overrides": overrides}))
     with pytest.raises(ValueError, match="vocab_size = 100 is smaller than the tokenizer's 300 tokens"):
         run(tmp_path / "b", model_overrides=overrides, tokenizer_vocab_size=300)
     assert not (tmp_path / "b" / "checkpoints").exists()
@@ -206,7 +206,7 @@ from pathlib import Path
 from accelerate import Accelerator
 from tiny import tiny_model
 from transformers import AutoModelForCausalLM
-from training import checkpoints
+from hf_outheads.training import checkpoints
 
 disk, what, report = Path(sys.argv[1]), sys.argv[2], {}
 torch.manual_seed(0)
@@ -294,9 +294,9 @@ def test_stdlib_docstrings_without_dataset_config_writes_the_card(tmp_path):
 # the quickstart's model exports exactly, as the README's serving command
 def test_the_quickstart_heads_export_exactly_with_the_serving_command(tmp_path):
     options = parse_options(["--config", str(QUICKSTART_LM)])
-    assert options.head_spec().options.output_bias is False
+    assert options.model.head.options.output_bias is False
     for head in ("tied", "linear", "bilinear", "drill", "joint"):
-        assert parse_options(["--config", str(QUICKSTART_LM), "--head_type", head]).head_spec().options.output_bias is False
+        assert parse_options(["--config", str(QUICKSTART_LM), "--head_type", head]).model.head.options.output_bias is False
     out = tmp_path / "quickstart_lm"  # a tiny run with the quickstart's head options, trained: the bias would move
     run(out, head_options_by_head=quickstart_head_options())
     report = export_cli(out, tmp_path / "quickstart_lm_plain")
@@ -310,7 +310,7 @@ def test_push_to_hub_without_the_hub_fails_before_training(tmp_path, monkeypatch
     import huggingface_hub
     from huggingface_hub import constants
 
-    from training.train import parse_args
+    from hf_outheads.training.train import parse_args
 
     argv = ["--config", str(QUICKSTART_LM), "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true"]
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -424,8 +424,8 @@ def test_a_folder_is_swapped_in_whole_or_not_at_all(tmp_path, monkeypatch, excha
 
 # a run or the quickstart writing into what it reads (issue 47: the rule of every command)
 def test_a_run_and_the_quickstart_never_write_into_what_they_read(tmp_path, capsys):
-    from training.quickstart import main as quickstart
-    from training.train import parse_args
+    from hf_outheads.training.quickstart import main as quickstart
+    from hf_outheads.training.train import parse_args
 
     out = tmp_path / "out"
     out.mkdir()
@@ -453,8 +453,8 @@ def test_a_run_and_the_quickstart_never_write_into_what_they_read(tmp_path, caps
 # a lock file this script did not write (issue 47, item 8)
 @pytest.mark.parametrize("content", ["[1, 2]", '{"pid": "abc", "host": "here"}', '{"pid": 5}', '"text"'])
 def test_a_corrupt_lock_file_is_named_with_what_to_do_and_nothing_is_written(tmp_path, content, capsys):
-    from training.safeguards import LOCK_FILE
-    from training.train import main
+    from hf_outheads.training.safeguards import LOCK_FILE
+    from hf_outheads.training.train import main
 
     out = tmp_path / "out"
     out.mkdir()

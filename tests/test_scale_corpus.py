@@ -1,4 +1,4 @@
-"""The scale comparison's corpus (studies/scale_corpus.py): each source format's text
+"""The scale comparison's corpus (training/corpora/debian_docs.py): each source format's text
 extraction, and the tokenise-and-pack step at a small size (the ids round-trip to the
 documents joined with </s>, the split is stable, a corrupted file is refused)."""
 
@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from studies import scale_corpus
-from studies.scale_corpus import html_to_text, is_validation, load_blocks, pack, pod_to_text
+from hf_outheads.training.corpora import debian_docs
+from hf_outheads.training.corpora.debian_docs import html_to_text, is_validation, load_blocks, pack, pod_to_text
 
 
 def test_html_keeps_the_text_and_drops_scripts_and_navigation():
@@ -28,10 +28,10 @@ def test_pod_resolves_formatting_codes_and_drops_commands():
 
 def test_no_reserved_source():
     """WordNet and the gettext catalogs are reserved for independent evaluation (the data rule),
-    and the Debian Administrator's Handbook is the held-out text of studies/debian_handbook.py."""
+    and the Debian Administrator's Handbook is the held-out text of training/corpora/debian_handbook.py."""
     reserved = ["./usr/share/locale/fr/LC_MESSAGES/dpkg.mo", "./usr/share/doc/x/po/fr.po",
                 "./usr/share/wordnet/data.noun", "./usr/share/doc/x/LC_MESSAGES/x.po"]
-    for name, (pattern, _) in scale_corpus.PACKAGES.items():
+    for name, (pattern, _) in debian_docs.PACKAGES.items():
         assert "wordnet" not in name and "handbook" not in name, name
         assert not [path for path in reserved if re.search(pattern, path)], (name, pattern)
 
@@ -46,7 +46,7 @@ def test_pack_round_trips_to_the_documents(tmp_path):
     docs = documents()
     info = pack(docs, tmp_path, vocab_size=300, block_size=16, validation_percent=20)
     assert info["vocab_size"] == 300 and info["block_size"] == 16
-    from training.tokenization import load_tokenizer
+    from hf_outheads.training.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(str(tmp_path), auto=False)
     for split in ("train", "validation"):
@@ -76,7 +76,7 @@ def test_the_split_is_stable_and_a_changed_file_is_refused(tmp_path):
 def test_a_debian_package_builds(tmp_path):
     """The real path at a small size: one documentation package from the archive."""
     try:
-        docs = list(scale_corpus.package_documents(("maint-guide",), cache=tmp_path / "debs"))
+        docs = list(debian_docs.package_documents(("maint-guide",), cache=tmp_path / "debs"))
     except RuntimeError as error:
         pytest.skip(f"apt-get download is not available here: {error}")
     assert len(docs) == 1 and "Debian" in docs[0][1] and len(docs[0][1]) > 100_000

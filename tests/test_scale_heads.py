@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from studies import scale_heads
-from studies.scale_corpus import pack
+from hf_outheads.training.corpora.debian_docs import pack
 
 TINY = ["--override", "n_layer=1", "--override", "n_embd=16", "--override", "n_head=2", "--override",
         "train_tokens=256", "--override", "batch_size=2", "--override", "evaluations=2", "--override", "eval_blocks=4",

@@ -1,5 +1,5 @@
 """The head-comparison harness (studies/compare_heads.py) and the second real corpus
-(training/manpages_corpus.py), in process."""
+(training/corpora/manpages.py), in process."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import tarfile
 import pytest
 import yaml
 
+from hf_outheads.training.corpora.manpages import PACKAGES, load_manpages_dataset, roff_to_text
+from hf_outheads.training.options import parse_options
 from studies import compare_heads
-from training.manpages_corpus import PACKAGES, load_manpages_dataset, roff_to_text
-from training.options import parse_options
 from studies.study_plots import plot_curves
 
 
@@ -109,7 +109,7 @@ def test_a_finished_run_is_reused_and_a_changed_config_retrains(tmp_path, monkey
 def test_head_learning_rate_applies_to_the_head_parameters_only():
     from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
     from tiny import tiny_config
-    from training.train import make_optimizer
+    from hf_outheads.training.train import make_optimizer
 
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="bilinear"))
     options = parse_options(["--learning_rate", "1e-3", "--head_learning_rate", "1e-4"])

@@ -34,7 +34,7 @@ N_PAIRS = 37  # odd, and not a multiple of 2 processes x batch size: accelerate 
 def launch(config: dict, tmp_path: Path, *overrides: str, launch_args=ONE_PROCESS, name="run") -> subprocess.CompletedProcess:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "-m", "training.train", "--config", str(path), *overrides]
+    command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "-m", "hf_outheads.training.train", "--config", str(path), *overrides]
     done = run(command, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
@@ -96,7 +96,7 @@ def test_two_processes_evaluate_every_example_once(seq2seq_run):
     assert evals and all(r["eval_examples"] == N_PAIRS and r["eval_generated"] == N_PAIRS for r in evals)
     assert all(r["eval_tokens"] == N_PAIRS * 5 for r in evals)  # 4 answer words + </s> per pair
     # the copy baseline: every validation question scored as its own answer, once per evaluation
-    from training.evaluation import copy_scores
+    from hf_outheads.training.evaluation import copy_scores
 
     pairs = [json.loads(line) for line in (out.parent / "validation.jsonl").read_text().splitlines()]
     copy = copy_scores(["sacrebleu", "chrf"], [p["question"] for p in pairs], [p["answer"] for p in pairs])

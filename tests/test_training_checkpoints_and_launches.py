@@ -10,7 +10,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,12 +19,12 @@ from accelerate.state import AcceleratorState, GradientState
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
 import subprocess_runs
 from tiny import tiny_config
-from training import checkpoints
-from training.evaluation import evaluate_perplexity
-from training.launching import has_accelerator
-from training.loop import NonFiniteWatch, window_step
-from training.options import TrainOptions, check_values, parse_options
-from training.train import training_function
+from hf_outheads.training import checkpoints
+from hf_outheads.training.evaluation import evaluate_perplexity
+from hf_outheads.training.launching import has_accelerator
+from hf_outheads.training.loop import NonFiniteWatch, window_step
+from hf_outheads.training.options import RunOptions, parse_options
+from hf_outheads.training.train import training_function
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
@@ -38,7 +37,7 @@ TINY = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd
 def run(output_dir, **overrides):
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    return training_function(check_values(TrainOptions(**{**TINY, "output_dir": str(output_dir), **overrides})))
+    return training_function(RunOptions.from_flat({**TINY, "output_dir": str(output_dir), **overrides}))
 
 
 def interrupted_run(tmp_path, **overrides):
@@ -124,7 +123,7 @@ def test_accumulated_loss_is_the_token_mean_over_the_whole_window():
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     accelerator, optimizer, scheduler = frozen_window_parts(model)
-    options = SimpleNamespace(task="causal_lm", max_grad_norm=None)
+    options = RunOptions.from_flat({"max_grad_norm": None})
     window = [{"input_ids": ids[:2], "labels": labels[:2]}, {"input_ids": ids[2:], "labels": labels[2:]}]
     loss, _ = window_step(accelerator, model, optimizer, scheduler, window, options, NonFiniteWatch(accelerator.device))
     assert float(loss) == pytest.approx(model(input_ids=ids, labels=labels).loss.item(), rel=1e-5)
@@ -140,7 +139,7 @@ def test_micro_batches_accumulated_through_accelerate_train_as_one_batch_as_larg
     ids = torch.randint(3, 99, (8, 9), generator=torch.Generator().manual_seed(0))
     labels = ids.clone()
     labels[:2, :6] = -100
-    options = SimpleNamespace(task="causal_lm", max_grad_norm=1.0)
+    options = RunOptions.from_flat({"max_grad_norm": 1.0})
     runs = {}
     for accumulation in (1, 4):
         torch.manual_seed(0)
@@ -198,7 +197,7 @@ def test_an_evaluation_over_no_token_is_an_error():
 
 
 def launch_command(tmp_path, launch_args, name, env=None, **overrides) -> tuple[list[str], dict]:
-    """(`accelerate launch ... -m training.train --config <name>.yaml`, its environment): a tiny run into
+    """(`accelerate launch ... -m hf_outheads.training.train --config <name>.yaml`, its environment): a tiny run into
     tmp_path/<name> unless `output_dir` is given."""
     import yaml
 
@@ -207,7 +206,7 @@ def launch_command(tmp_path, launch_args, name, env=None, **overrides) -> tuple[
                                       "num_train_epochs": 1, "save_steps": None, **overrides}))
     env = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}, **(env or {}), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "training.train",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "hf_outheads.training.train",
                "--config", str(config)]
     return command, env
 
@@ -311,8 +310,8 @@ def test_resuming_a_finished_run_says_so_and_its_tokenizer_is_reused_cleanly(tmp
 def test_a_finished_model_is_kept_unless_the_run_is_told_to_overwrite_it(tmp_path, capsys):
     """transformers' Trainer convention: a run into a folder that holds a finished model (or files of
     no run) is refused before anything is written; --overwrite_output_dir true lets it replace them."""
-    from training.safeguards import EarlierWork
-    from training.train import main
+    from hf_outheads.training.safeguards import EarlierWork
+    from hf_outheads.training.train import main
 
     out = tmp_path / "out"
     run(out)
@@ -353,7 +352,7 @@ def test_a_second_two_process_launch_on_the_output_dir_of_a_running_one_is_refus
     import signal
     import subprocess
 
-    from training.safeguards import LOCK_FILE
+    from hf_outheads.training.safeguards import LOCK_FILE
 
     out = tmp_path / "shared"
     first_command, env = launch_command(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29547"],
@@ -390,8 +389,8 @@ def test_save_total_limit_is_a_positive_integer_or_null(value):
     """As transformers' TrainingArguments: None keeps every checkpoint, a positive integer that many;
     anything else is refused when parsed (-1 used to delete every checkpoint, the run's too)."""
     with pytest.raises(ValueError, match=rf"Option save_total_limit must be an integer >= 1, got {value!r}"):
-        check_values(TrainOptions(**{**TINY, "save_total_limit": value}))
-    assert check_values(TrainOptions(**{**TINY, "save_total_limit": None})).save_total_limit is None
+        RunOptions.from_flat({**TINY, "save_total_limit": value})
+    assert RunOptions.from_flat({**TINY, "save_total_limit": None}).training.save_total_limit is None
 
 
 def test_the_checkpoint_just_saved_is_never_rotated_away(tmp_path):
@@ -407,7 +406,7 @@ def test_the_checkpoint_just_saved_is_never_rotated_away(tmp_path):
 # streamed data (issue 47, item 5)
 def jsonl_data(folder: Path, task: str) -> dict:
     """Options of local JSON-lines files: causal text from the built-in corpus, or reversal pairs."""
-    from training.stdlib_corpus import build_records
+    from hf_outheads.training.corpora.stdlib import build_records
 
     if task == "causal_lm":
         texts = [row["text"] for row in build_records("text")["train"][:160]]
@@ -448,7 +447,7 @@ def test_streamed_data_trains_end_to_end_in_two_processes(tmp_path):
 
 # data with no text (issue 47, items 9 and 10): one line, naming the file and line, nothing written
 def test_a_data_file_without_text_is_named_and_nothing_is_written(tmp_path, capsys):
-    from training.train import main
+    from hf_outheads.training.train import main
 
     def refused(*flags):
         AcceleratorState._reset_state(True)
@@ -479,14 +478,14 @@ def test_a_data_file_without_text_is_named_and_nothing_is_written(tmp_path, caps
 def test_a_block_longer_than_the_models_positions_is_refused_when_parsed(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from training.train import parse_args
+    from hf_outheads.training.train import parse_args
 
     base = ["--config", str(ROOT / "training" / "configs" / "quickstart_lm.yaml"), "--output_dir", str(tmp_path / "out")]
     with pytest.raises(SystemExit, match=r"block_size=600 is larger than the gpt2 backbone's 512 positions: lower "
                                          r"block_size to at most 512, or give the preset more positions") as refused:
         parse_args([*base, "--block_size", "600"])
     assert refused.value.code == 2
-    assert parse_args([*base, "--block_size", "600", "--model_overrides", "{n_positions: 600}"]).block_size == 600
+    assert parse_args([*base, "--block_size", "600", "--model_overrides", "{n_positions: 600}"]).data.block_size == 600
     GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=300, n_positions=64)).save_pretrained(
         tmp_path / "small")
     with pytest.raises(SystemExit, match=r"block_size=128 is larger than the gpt2 backbone's 64 positions"):
@@ -500,7 +499,7 @@ def test_a_block_longer_than_the_models_positions_is_refused_when_parsed(tmp_pat
 @pytest.mark.parametrize("head_flags", [["--head_options", "{training_loss: chunked, loss_kernel: liger}"],
                                         ["--head_type", "mtp", "--head_options", "{head_options: {loss_kernel: liger}}"]])
 def test_a_loss_kernel_that_cannot_run_here_is_refused_when_parsed(tmp_path, head_flags):
-    from training.train import parse_args
+    from hf_outheads.training.train import parse_args
 
     argv = ["--config", str(ROOT / "training" / "configs" / "quickstart_lm.yaml"), "--output_dir", str(tmp_path / "out")]
     with pytest.raises(SystemExit, match=r"train.py: error: Option head_options: the loss kernel 'liger' cannot run "

@@ -16,18 +16,18 @@ from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from transformers import GPT2Config
 
 from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM
-from training import data as data_lib
-from training.evaluation import generation_scores
-from training.options import FIELDS, TrainOptions, parse_options
-from training.publish import push_to_hub, render_card
-from training.stdlib_corpus import SAFE_MODULES, build_records, build_records_isolated, restore_records
-from training.tokenization import train_tokenizer
+from hf_outheads.training import data as data_lib
+from hf_outheads.training.evaluation import generation_scores
+from hf_outheads.training.options import FIELDS, GROUPS, RunOptions, parse_options
+from hf_outheads.training.publish import push_to_hub, render_card
+from hf_outheads.training.corpora.stdlib import SAFE_MODULES, build_records, build_records_isolated, restore_records
+from hf_outheads.training.tokenization import train_tokenizer
 
 TEXTS = [r["text"] for r in build_records("text")["train"][:400]]
 
 
 def test_every_option_has_help_and_unknown_keys_list_the_valid_ones(tmp_path):
-    assert all(f.metadata["help"] for f in FIELDS.values())
+    assert all(spec.help for group in GROUPS.values() for spec in group.declarations().values())
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"task": "causal_lm", "lerning_rate": 0.1}))
     with pytest.raises(ValueError, match=r"Unknown option\(s\) \['lerning_rate'\].*Valid options: task, "):
@@ -44,10 +44,10 @@ def test_yaml_values_are_overridden_by_typed_command_line_values(tmp_path):
     options = parse_options(["--config", str(config), "--max_steps", "7", "--head_options", "{map_scale: 0.5}",
                              "--gradient_checkpointing", "true", "--sample_prompt", "123", "--warmup_steps", "3",
                              "--dropout", "1e-1"])
-    assert (options.max_steps, options.head_type, options.learning_rate) == (7, "bilinear", 0.1)
-    assert options.head_options == {"map_scale": 0.5} and options.gradient_checkpointing is True
-    assert options.sample_prompt == "123"  # string options stay strings
-    assert options.dropout == 0.1 and options.warmup_steps == 3  # YAML reads 1e-1 as a string
+    assert (options.training.max_steps, options.model.head_type, options.training.learning_rate) == (7, "bilinear", 0.1)
+    assert options.model.head_options == {"map_scale": 0.5} and options.training.gradient_checkpointing is True
+    assert options.training.sample_prompt == "123"  # string options stay strings
+    assert options.model.dropout == 0.1 and options.training.warmup_steps == 3  # YAML reads 1e-1 as a string
 
 
 @pytest.mark.parametrize("vocab_size", [300, 700])
@@ -75,7 +75,7 @@ def test_bpe_asks_for_more_codes_than_the_text_supports_is_an_error():
 
 
 def options(**values):
-    return TrainOptions(**values)
+    return RunOptions.from_flat(values)
 
 
 def test_missing_column_and_empty_split_are_clear_errors():
@@ -104,7 +104,7 @@ def test_causal_lm_blocks_and_seq2seq_pairs_from_local_files(tmp_path):
     raw = data_lib.load_raw(options(data_files={"train": str(tmp_path / "train.txt")}))
     blocks = data_lib.causal_lm_dataset(raw["train"], tokenizer, options(block_size=16, preprocessing_num_workers=2))
     assert len(blocks) > 10 and all(len(ids) == 16 for ids in blocks["input_ids"]) and blocks["labels"] == blocks["input_ids"]
-    streamed = data_lib.load_raw(options(data_files={"train": str(tmp_path / "train.txt")}, streaming=True))
+    streamed = data_lib.load_raw(options(data_files={"train": str(tmp_path / "train.txt")}, streaming=True, max_steps=1))
     streamed_blocks = list(data_lib.causal_lm_dataset(streamed["train"], tokenizer, options(block_size=16)))
     in_memory = data_lib.causal_lm_dataset(raw["train"], tokenizer, options(block_size=16))
     assert [b["input_ids"] for b in streamed_blocks] == list(in_memory["input_ids"])  # same blocks, never materialised
@@ -143,7 +143,7 @@ def test_stdlib_restore_pairs_join_wrapped_lines_and_keep_each_sentence_once():
 
 
 def test_stdlib_restore_short_is_restore_without_the_long_sentences():
-    from training.stdlib_corpus import RESTORE_MAX_WORDS, TASKS
+    from hf_outheads.training.corpora.stdlib import RESTORE_MAX_WORDS, TASKS
 
     assert RESTORE_MAX_WORDS == {"restore": 30, "restore_short": 16} and set(RESTORE_MAX_WORDS) <= set(TASKS)
     text = build_records_isolated("text")
@@ -207,7 +207,7 @@ def test_heads_that_update_periodically_get_their_hook_and_the_others_none():
     import torch
     from accelerate import Accelerator
 
-    from training.train import periodic_update_hook
+    from hf_outheads.training.train import periodic_update_hook
 
     learners = [name for name, cls in HEAD_CLASSES.items() if cls.updates_periodically]
     assert learners == ["lightrnn"]
@@ -235,8 +235,8 @@ def test_pretrained_checkpoint_is_converted_with_the_configured_head(tmp_path):
     import torch
     from transformers import GPT2LMHeadModel
 
-    from training.modeling import build_model
-    from training.tokenization import load_pretrained_tokenizer
+    from hf_outheads.training.modeling import build_model
+    from hf_outheads.training.tokenization import load_pretrained_tokenizer
 
     tokenizer = train_tokenizer(TEXTS, "bpe", 300)
     original = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=300, n_positions=32)).eval()
@@ -257,15 +257,15 @@ SHIPPED_CONFIGS = sorted(path for folder in ("training/configs", "studies/config
 
 @pytest.mark.parametrize("config", SHIPPED_CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_parse_and_name_valid_head_options(config):
-    from training.options import head_spec
+    from hf_outheads.training.options import head_spec
 
     if config.name.startswith("scale_"):  # studies/scale_heads.py's own options, its variants by the same rule
         variants = yaml.safe_load(config.read_text())["head_options_by_head"]
         assert variants and {head_spec(name, variants).head_type for name in variants} <= set(HEAD_CLASSES)
         return
     opts = parse_options(["--config", str(config)])  # checks the chosen head's options
-    for name in opts.head_options_by_head:  # every variant compare_heads.py may run from it
-        opts.head_spec(name)  # a misspelt head, option name or a wrong-typed value is an error
+    for name in opts.model.head_options_by_head:  # every variant compare_heads.py may run from it
+        opts.model.head_spec(name)  # a misspelt head, option name or a wrong-typed value is an error
 
 
 QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "quickstart_lm.yaml"
@@ -273,39 +273,40 @@ QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "
 
 def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path, monkeypatch):
     """From the command line to the head, a run builds its head's options object once, checked when
-    the options are parsed (`HeadSpec`), and each model built resolves that object for its sizes:
-    the preflight's (a preset's model on the meta device, `check_preset_model`) and the run's."""
+    the options are parsed (`ModelOptions.head`), and each model built resolves that object once for
+    its sizes, without checking it again: the preflight's (a preset's model on the meta device,
+    `check_preset_model`) and the run's, whose head reads the resolved object as it is."""
     from hf_outheads.head_mos import MoSOptions
-    from training.modeling import build_model
-    from training.preflight import check_run
+    from hf_outheads.training.modeling import build_model
+    from hf_outheads.training.preflight import check_run
 
-    built, check = [], MoSOptions.__post_init__
+    built, resolved, check, resolve = [], [], MoSOptions.__post_init__, MoSOptions.resolve
     monkeypatch.setattr(MoSOptions, "__post_init__", lambda self: (built.append(self), check(self))[1])
+    monkeypatch.setattr(MoSOptions, "resolve", lambda self, dims: resolved.append(resolve(self, dims)) or resolved[-1])
     opts = parse_options(["--config", str(QUICKSTART_LM), "--head_type", "mos", "--head_options", "{num_components: 2}",
                           "--output_dir", str(tmp_path)])
     check_run(opts)
     model = build_model(opts, train_tokenizer(TEXTS, "bpe", 300))
-    assert len(built) == 3 and built[0] is opts.head_spec().options and model.head.options is built[2]
+    assert built == [opts.model.head.options] and built[0] is opts.model.head.options  # checked once, when parsed
     assert (built[0].num_components, built[0].map_scale) == (2, None)  # as given: defaults come with the sizes
-    assert (built[2].num_components, built[2].map_scale, built[2].resolved_for) == (2, 0.01, model.head.dims)
-    assert built[1] == built[2]  # the preflight's model: the same options for the same sizes
-    opts.head_options = {"num_components": 3}  # changed options: built anew
-    assert opts.head_spec().options.num_components == 3
+    assert len(resolved) == 2 and model.head.options is resolved[1]  # the preflight's model, and the run's
+    assert (resolved[1].num_components, resolved[1].map_scale, resolved[1].resolved_for) == (2, 0.01, model.head.dims)
+    assert resolved[0] == resolved[1]  # the preflight's model: the same options for the same sizes
 
 
 def test_a_backbone_flag_takes_the_place_of_the_configs():
     """--pretrained replaces the config's preset (and the tokenizer trained for it: a trained
     BPE cannot fit a pretrained model's embeddings); --model_preset replaces a config's pretrained."""
     opts = parse_options(["--config", str(QUICKSTART_LM), "--pretrained", "outputs/quickstart_lm"])
-    assert (opts.model_preset, opts.pretrained, opts.tokenizer) == (None, "outputs/quickstart_lm", "auto")
+    assert (opts.model.model_preset, opts.model.pretrained, opts.model.tokenizer) == (None, "outputs/quickstart_lm", "auto")
     opts = parse_options(["--config", str(QUICKSTART_LM), "--pretrained", "x/y", "--tokenizer", "wordlevel"])
-    assert (opts.model_preset, opts.tokenizer) == (None, "wordlevel")  # a given --tokenizer is kept
-    assert parse_options(["--config", str(QUICKSTART_LM)]).model_preset == "gpt2-tiny"
+    assert (opts.model.model_preset, opts.model.tokenizer) == (None, "wordlevel")  # a given --tokenizer is kept
+    assert parse_options(["--config", str(QUICKSTART_LM)]).model.model_preset == "gpt2-tiny"
 
 
 def foreign_checkpoint(output_dir: Path, head_type: str = "tied") -> Path:
     """A complete checkpoint (checkpoint.json is what marks one) of a tiny GPT-2 with `head_type`."""
-    from training.checkpoints import MARKER, model_identity
+    from hf_outheads.training.checkpoints import MARKER, model_identity
 
     folder = output_dir / "checkpoints" / "checkpoint_400"
     folder.mkdir(parents=True)
@@ -322,7 +323,7 @@ def test_wrong_run_options_fail_when_parsed_with_one_message(tmp_path):
     import subprocess
     import sys
 
-    from training.train import parse_args
+    from hf_outheads.training.train import parse_args
 
     checkpoint = foreign_checkpoint(tmp_path)
     base = ["--config", str(QUICKSTART_LM), "--output_dir", str(tmp_path)]
@@ -333,13 +334,13 @@ def test_wrong_run_options_fail_when_parsed_with_one_message(tmp_path):
     assert f"The checkpoint {checkpoint} belongs to another model" in message
     assert "head 'tied' on a gpt2 backbone" in message and "head 'mos' on a gpt2 backbone" in message
     assert "--resume never" in message
-    assert parse_args([*base, "--head_type", "tied"]).head_type == "tied"  # its own checkpoint: resumed
-    assert parse_args([*base, "--head_type", "mos", "--resume", "never"]).head_type == "mos"
+    assert parse_args([*base, "--head_type", "tied"]).model.head_type == "tied"  # its own checkpoint: resumed
+    assert parse_args([*base, "--head_type", "mos", "--resume", "never"]).model.head_type == "mos"
     with pytest.raises(SystemExit, match=r"Preset bart-tiny \(bart\) does not fit task=causal_lm"):
         parse_args([*base, "--model_preset", "bart-tiny"])
     with pytest.raises(SystemExit, match="tokenizer: auto needs a pretrained model"):
         parse_args([*base, "--tokenizer", "auto"])
-    done = subprocess.run([sys.executable, "-m", "training.train", *base, "--head_type", "mos"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "hf_outheads.training.train", *base, "--head_type", "mos"], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -353,7 +354,7 @@ def test_a_wrong_typed_head_option_fails_in_one_line_before_anything_is_written(
     import sys
 
     output_dir = tmp_path / "out"
-    command = [sys.executable, "-m", "training.train", "--config", str(QUICKSTART_LM), "--output_dir", str(output_dir),
+    command = [sys.executable, "-m", "hf_outheads.training.train", "--config", str(QUICKSTART_LM), "--output_dir", str(output_dir),
                "--head_type", "drill", "--head_options", "{depth: two}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -370,15 +371,15 @@ def test_the_cards_usage_code_generates_the_cards_sample(tmp_path, capsys):
     import io
     import re
 
-    from training.evaluation import sample_text
-    from training.publish import finish_run
+    from hf_outheads.training.evaluation import sample_text
+    from hf_outheads.training.publish import finish_run
 
     model, tokenizer = tiny_model(tmp_path)
     model.config.base_model = str(tmp_path)  # converted from a local folder: no card metadata
     model.generation_config.pad_token_id = tokenizer.pad_token_id  # as train.py sets it
     opts = options(model_preset="gpt2-tiny", head_type="bilinear", dataset_name="stdlib_docstrings", dataset_config="text",
                    output_dir=str(tmp_path / "run"), sample_max_new_tokens=12, seed=7)
-    sample = sample_text(model, tokenizer, "Return the", opts.sample_max_new_tokens, opts.seed)
+    sample = sample_text(model, tokenizer, "Return the", opts.training.sample_max_new_tokens, opts.training.seed)
     results = {"eval_perplexity": 9.0, "eval_loss": 2.2, "parameters": 10, "head_parameters": 2, "eval_examples": 3,
                "eval_tokens": 30, "sample": sample, "sample_prompt": "Return the"}
     finish_run(model, tokenizer, opts, results)
@@ -394,13 +395,13 @@ def test_the_cards_usage_code_generates_the_cards_sample(tmp_path, capsys):
 
 
 def test_card_prose_of_every_built_in_task_reads():
-    from training.publish import dataset_description
+    from hf_outheads.training.publish import dataset_description
 
     for config, task in (("text", "causal_lm"), ("summary", "seq2seq"), ("restore", "seq2seq"), ("restore_short", "seq2seq")):
         prose = dataset_description(options(dataset_name="stdlib_docstrings", dataset_config=config, task=task))[1]
         assert "Python standard library" in prose and " for of " not in prose and prose.endswith(".")
-    for name, config, module in (("debian_manpages", "restore", "training.manpages_corpus"),
-                                 ("debian_manpages_l10n", "fr-en", "training.manpages_l10n_corpus")):
+    for name, config, module in (("debian_manpages", "restore", "hf_outheads.training.corpora.manpages"),
+                                 ("debian_manpages_l10n", "fr-en", "hf_outheads.training.corpora.manpages_l10n")):
         prose = dataset_description(options(dataset_name=name, dataset_config=config, task="seq2seq"))[1]
         assert f"`{module}`, config `{config}`" in prose and "Debian" in prose and "Hub" not in prose, prose
 
@@ -409,7 +410,7 @@ def test_option_table_and_help_are_current():
     readme = (Path(__file__).resolve().parents[1] / "training" / "README.md").read_text()
     table = readme[readme.index("### Option groups"):readme.index("### What a run does")]
     assert [name for name in FIELDS if f"`{name}`" not in table] == []  # every option is documented
-    assert "papers' defaults" not in FIELDS["head_options"].metadata["help"]  # they were chosen by measurement
+    assert "papers' defaults" not in GROUPS["model"].declarations()["head_options"].help  # they were chosen by measurement
 
 
 def test_the_documented_two_process_command_trains_in_a_folder_of_its_own():
@@ -446,7 +447,7 @@ def test_the_corpus_does_not_depend_on_where_or_how_python_was_started():
     `accelerate launch` (sys.executable `.../python` or `.../python3`) and between machines: a
     signature default (`platform.architecture(executable=sys.executable)`) put the interpreter's
     path into the corpus."""
-    from training.stdlib_corpus import build_records
+    from hf_outheads.training.corpora.stdlib import build_records
 
     texts = [row["text"] for rows in build_records("text").values() for row in rows]
     assert not [text for text in texts if sys.executable in text]

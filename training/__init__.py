@@ -1,11 +1,11 @@
 """Training, evaluation and publishing scripts for hf_outheads models (accelerate, datasets,
-tokenizers, evaluate). The repository's `training/` folder, installed as `hf_outheads.training`
-(pyproject.toml). Entry points: `hf-outheads train | export | quickstart` (hf_outheads/cli.py), the
-scripts by path (`accelerate launch training/train.py`, `python training/export.py`,
-`python training/quickstart.py`) or as modules from the repository root (`python -m training.train`);
-the head comparisons are in `studies/`. The corpus builders (`stdlib_corpus.py`, the quickstart's
-offline corpus, and `manpages_corpus.py`) are data sources of `train.py` (`dataset_name`)."""
+tokenizers, evaluate): the repository's `training/` folder, installed as `hf_outheads.training`
+(pyproject.toml), its one import name. Entry points: `hf-outheads train | export | quickstart |
+mtp-distill` (hf_outheads/cli.py), the scripts by path (`accelerate launch training/train.py`,
+`python training/export.py`, ...) or as modules (`python -m hf_outheads.training.train`). A run's
+options are declared in `options.py`; the corpora built here, the data sources of `train.py`
+(`dataset_name`), are in `corpora/`; the head comparisons are in `studies/`."""
 
-from .launching import quiet_deepspeed_cpu_notice
+from hf_outheads.training.launching import quiet_deepspeed_cpu_notice
 
 quiet_deepspeed_cpu_notice()  # DeepSpeed's CPU notice, in runs that do not use DeepSpeed

@@ -23,7 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .safeguards import disk_full_error
+from hf_outheads.training.safeguards import disk_full_error
 
 MARKER = "checkpoint.json"
 FORMAT = 1

@@ -10,13 +10,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset, IterableDataset, IterableDatasetDict, load_dataset
 
-from .manpages_corpus import load_manpages_dataset
-from .manpages_l10n_corpus import load_manpages_l10n_dataset
-from .stdlib_corpus import load_stdlib_dataset
+from hf_outheads.training.corpora.manpages import load_manpages_dataset
+from hf_outheads.training.corpora.manpages_l10n import load_manpages_l10n_dataset
+from hf_outheads.training.corpora.stdlib import load_stdlib_dataset
 
 BUILTIN = "stdlib_docstrings"
-MANPAGES = "debian_manpages"  # built from Debian's manpages packages (training/manpages_corpus.py)
-MANPAGES_L10N = "debian_manpages_l10n"  # their translations aligned with them (training/manpages_l10n_corpus.py)
+MANPAGES = "debian_manpages"  # built from Debian's manpages packages (training/corpora/manpages.py)
+MANPAGES_L10N = "debian_manpages_l10n"  # their translations aligned with them (training/corpora/manpages_l10n.py)
 # corpora built here: name -> (loader of a config, the config of the seq2seq task; "text" is the LM one)
 BUILT_CORPORA = {BUILTIN: (load_stdlib_dataset, "summary"), MANPAGES: (load_manpages_dataset, "restore"),
                  MANPAGES_L10N: (load_manpages_l10n_dataset, "fr-en")}
@@ -41,25 +41,26 @@ def _check_files_not_empty(data_files: dict) -> None:
 def corpus_config(options) -> str:
     """The config of a corpus built here that the run uses: `dataset_config`, by default "text"
     for a causal LM and the corpus's seq2seq task otherwise."""
-    return options.dataset_config or ("text" if options.task == "causal_lm" else BUILT_CORPORA[options.dataset_name][1])
+    data = options.data
+    return data.dataset_config or ("text" if options.model.task == "causal_lm" else BUILT_CORPORA[data.dataset_name][1])
 
 
 def load_raw(options):
     """The dataset splits named by the options, before tokenisation."""
-    if options.dataset_name in BUILT_CORPORA:
-        raw = BUILT_CORPORA[options.dataset_name][0](corpus_config(options))
-        return _to_iterable(raw) if options.streaming else raw
-    if options.data_files:
-        _check_files_not_empty(options.data_files)
-        arguments, what = (_file_format(options.data_files),), f"data_files {options.data_files}"
-        keywords = {"data_files": options.data_files}
-    elif options.dataset_name:
-        arguments, what = (options.dataset_name, options.dataset_config), f"dataset_name {options.dataset_name!r}"
-        keywords = {}
+    data = options.data
+    if data.dataset_name in BUILT_CORPORA:
+        raw = BUILT_CORPORA[data.dataset_name][0](corpus_config(options))
+        return _to_iterable(raw) if data.streaming else raw
+    if data.data_files:
+        _check_files_not_empty(data.data_files)
+        arguments, what = (_file_format(data.data_files),), f"data_files {data.data_files}"
+        keywords = {"data_files": data.data_files}
+    elif data.dataset_name:
+        arguments, what, keywords = (data.dataset_name, data.dataset_config), f"dataset_name {data.dataset_name!r}", {}
     else:
         raise ValueError("Set dataset_name (a Hub dataset or 'stdlib_docstrings') or data_files.")
     try:
-        return load_dataset(*arguments, streaming=options.streaming, **keywords)
+        return load_dataset(*arguments, streaming=data.streaming, **keywords)
     except (OSError, ValueError) as error:  # no such file or dataset, no network, ...: said in one line
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ValueError(f"The {what} cannot be loaded: {reason}") from error
@@ -71,34 +72,39 @@ def _to_iterable(splits):
 
 def select_splits(raw, options) -> tuple:
     """(train, validation); hold out validation_percent of train if there is no validation split."""
-    if options.train_split not in raw:
-        raise ValueError(f"The dataset has no split '{options.train_split}'; it has {list(raw)}.")
-    train = raw[options.train_split]
+    data = options.data
+    if data.train_split not in raw:
+        raise ValueError(f"The dataset has no split '{data.train_split}'; it has {list(raw)}.")
+    train = raw[data.train_split]
     require_columns(train, needed_columns(options))  # before a tokenizer is trained on them
-    train = checked_records(train, options, options.train_split)
-    if options.validation_split in raw:
-        validation = checked_records(raw[options.validation_split], options, options.validation_split)
+    train = checked_records(train, options, data.train_split)
+    if data.validation_split in raw:
+        validation = checked_records(raw[data.validation_split], options, data.validation_split)
     elif isinstance(train, IterableDataset):
-        raise ValueError(f"No split '{options.validation_split}' (splits: {list(raw)}); streaming cannot hold one out.")
+        raise ValueError(f"No split '{data.validation_split}' (splits: {list(raw)}); streaming cannot hold one out.")
     else:
-        held = train.train_test_split(test_size=options.validation_percent / 100, seed=options.seed, shuffle=True)
+        held = train.train_test_split(test_size=data.validation_percent / 100, seed=options.training.seed, shuffle=True)
         train, validation = held["train"], held["test"]
     if isinstance(train, IterableDataset):  # a streamed split can only be shuffled within a buffer
-        train = train.shuffle(seed=options.seed, buffer_size=10_000)
-    if options.max_train_samples is not None:
-        train = train.take(options.max_train_samples) if isinstance(train, IterableDataset) else train.select(range(min(options.max_train_samples, len(train))))
-    if options.max_eval_samples is not None:
-        validation = validation.take(options.max_eval_samples) if isinstance(validation, IterableDataset) else validation.select(range(min(options.max_eval_samples, len(validation))))
-    for name, split in ((options.train_split, train), (options.validation_split, validation)):
+        train = train.shuffle(seed=options.training.seed, buffer_size=10_000)
+    train, validation = first(train, data.max_train_samples), first(validation, data.max_eval_samples)
+    for name, split in ((data.train_split, train), (data.validation_split, validation)):
         if isinstance(split, Dataset) and len(split) == 0:
             raise ValueError(f"Split '{name}' is empty.")
     return train, validation
 
 
+def first(split, count: int | None):
+    """The first `count` examples of `split` (all: None)."""
+    if count is None:
+        return split
+    return split.take(count) if isinstance(split, IterableDataset) else split.select(range(min(count, len(split))))
+
+
 def needed_columns(options) -> list[str]:
-    if options.task == "causal_lm":
-        return [options.text_column]
-    return ["translation"] if options.source_lang else [options.source_column, options.target_column]
+    if options.model.task == "causal_lm":
+        return [options.data.text_column]
+    return ["translation"] if options.data.source_lang else [options.data.source_column, options.data.target_column]
 
 
 def require_columns(split, columns: list[str]) -> None:
@@ -116,14 +122,14 @@ def require_columns(split, columns: list[str]) -> None:
 
 def text_columns(options) -> list[str]:
     """The columns whose every record must hold text (a translation pair's languages are not checked)."""
-    return [] if options.task != "causal_lm" and options.source_lang else needed_columns(options)
+    return [] if options.model.task != "causal_lm" and options.data.source_lang else needed_columns(options)
 
 
 def record_place(options, split_name: str, index: int) -> str:
     """Where record `index` of a split is, in words: its line when the split is one local text or
     JSON-lines file (a text file's every line is a record, a JSON-lines file's every non-blank line),
     else its number and the split's files."""
-    files = options.data_files.get(split_name)
+    files = options.data.data_files.get(split_name)
     files = [str(path) for path in (files if isinstance(files, list) else [files] if files else [])]
     place = f"record {index + 1} of the {split_name!r} split" + (f" ({', '.join(files)})" if files else "")
     suffix = os.path.splitext(files[0])[1] if len(files) == 1 and os.path.isfile(files[0]) else None
@@ -164,7 +170,7 @@ def checked_records(split, options, split_name: str):
         if missing >= 0:
             raise not_text(options, split_name, column, missing, None)
         if len(values) and not pc.max(pc.utf8_length(pc.utf8_trim_whitespace(values))).as_py():  # (none: 'is empty')
-            files = options.data_files.get(split_name)
+            files = options.data.data_files.get(split_name)
             raise ValueError(f"The {split_name!r} split holds no text: field {column!r} is empty or blank in each of its "
                              f"{len(values)} records{f' ({files})' if files else ''}. Give data with text.")
     return split
@@ -173,17 +179,17 @@ def checked_records(split, options, split_name: str):
 def training_texts(split, options):
     """Texts a tokenizer is trained on: the causal-LM text, or both seq2seq sides."""
     for example in split:
-        if options.task == "causal_lm":
-            yield example[options.text_column]
+        if options.model.task == "causal_lm":
+            yield example[options.data.text_column]
         else:
             yield from _source_target(example, options)
 
 
 def _source_target(example, options) -> tuple[str, str]:
-    if options.source_lang:
+    if options.data.source_lang:
         pair = example["translation"]
-        return options.source_prefix + pair[options.source_lang], pair[options.target_lang]
-    return options.source_prefix + example[options.source_column], example[options.target_column]
+        return options.data.source_prefix + pair[options.data.source_lang], pair[options.data.target_lang]
+    return options.data.source_prefix + example[options.data.source_column], example[options.data.target_column]
 
 
 def _with_eos(ids: list[int], eos: int | None) -> list[int]:
@@ -193,7 +199,7 @@ def _with_eos(ids: list[int], eos: int | None) -> list[int]:
 def _map(split, function, options, remove_columns):
     kwargs = dict(batched=True, remove_columns=remove_columns)
     if isinstance(split, Dataset):
-        kwargs.update(num_proc=options.preprocessing_num_workers, desc="Tokenising")
+        kwargs.update(num_proc=options.data.preprocessing_num_workers, desc="Tokenising")
     return split.map(function, **kwargs)
 
 
@@ -201,10 +207,10 @@ def causal_lm_dataset(split, tokenizer, options):
     """Documents tokenised, each ended by eos, concatenated and cut into `block_size` blocks
     (the remainder dropped); labels are the inputs (the model shifts them)."""
     require_columns(split, needed_columns(options))
-    block, eos = options.block_size, tokenizer.eos_token_id
+    block, eos = options.data.block_size, tokenizer.eos_token_id
 
     def tokenise_and_group(batch):  # whole documents (no length warning: they are cut into blocks here)
-        texts = tokenizer(batch[options.text_column], add_special_tokens=False, verbose=False)["input_ids"]
+        texts = tokenizer(batch[options.data.text_column], add_special_tokens=False, verbose=False)["input_ids"]
         ids = [_with_eos(i, eos) for i in texts]
         stream = list(chain.from_iterable(ids))
         blocks = [stream[i:i + block] for i in range(0, len(stream) - block + 1, block)]
@@ -222,8 +228,8 @@ def seq2seq_dataset(split, tokenizer, options):
         pairs = [_source_target(dict(zip(batch, values)), options) for values in zip(*batch.values())]
         sources = tokenizer([s for s, _ in pairs], add_special_tokens=False, verbose=False)["input_ids"]
         targets = tokenizer([t for _, t in pairs], add_special_tokens=False, verbose=False)["input_ids"]
-        return {"input_ids": [_with_eos(s[: options.max_source_length - 1], eos) for s in sources],
-                "labels": [_with_eos(t[: options.max_target_length - 1], eos) for t in targets]}
+        return {"input_ids": [_with_eos(s[: options.data.max_source_length - 1], eos) for s in sources],
+                "labels": [_with_eos(t[: options.data.max_target_length - 1], eos) for t in targets]}
 
     return _map(split, tokenise, options, _columns(split))
 
@@ -235,12 +241,13 @@ def _columns(split):
 
 
 def tokenised_splits(train, validation, tokenizer, options):
-    build = causal_lm_dataset if options.task == "causal_lm" else seq2seq_dataset
+    build = causal_lm_dataset if options.model.task == "causal_lm" else seq2seq_dataset
     train, validation = build(train, tokenizer, options), build(validation, tokenizer, options)
     for name, split in (("training", train), ("validation", validation)):
         if isinstance(split, Dataset) and len(split) == 0:
             raise ValueError(f"The {name} split has no example after tokenisation"
-                             + (f" (fewer than block_size={options.block_size} tokens)." if options.task == "causal_lm" else "."))
+                             + (f" (fewer than block_size={options.data.block_size} tokens)."
+                                if options.model.task == "causal_lm" else "."))
     return train, validation
 
 

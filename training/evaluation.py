@@ -80,8 +80,8 @@ def generate_texts(accelerator, model, dataloader, tokenizer, options) -> tuple[
     pad = tokenizer.pad_token_id
     for batch in dataloader:
         generated = accelerator.unwrap_model(model).generate(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=options.max_target_length,
-            num_beams=options.generation_num_beams, do_sample=False,
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            max_new_tokens=options.data.max_target_length, num_beams=options.training.generation_num_beams, do_sample=False,
         )
         tensors = [accelerator.pad_across_processes(t, dim=1, pad_index=value) for t, value in
                    ((batch["input_ids"], pad), (generated, pad), (batch["labels"], IGNORE_INDEX))]

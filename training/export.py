@@ -14,9 +14,6 @@ trained model on the lines of `--text-file`. Prints what was written, as JSON.
 
 from __future__ import annotations
 
-if not __package__:  # run by path (`python training/export.py`): its modules are the installed package's
-    __package__ = "hf_outheads.training"
-
 import dataclasses
 import json
 import os
@@ -28,8 +25,8 @@ from transformers import AutoConfig
 import hf_outheads
 from hf_outheads.folders import TargetIsSource, writable_target
 
-from .command_line import CommandParser, refuse
-from .tokenization import load_saved_tokenizer
+from hf_outheads.training.command_line import CommandParser, refuse
+from hf_outheads.training.tokenization import load_saved_tokenizer
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # the Hub's namespace/name
 

@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 
 from hf_outheads import IGNORE_INDEX, next_token_labels
 
-from .checkpoints import complete_checkpoints
-from .safeguards import NonFiniteError
+from hf_outheads.training.checkpoints import complete_checkpoints
+from hf_outheads.training.safeguards import NonFiniteError
 
 
 def loss_tokens(batch, task: str) -> torch.Tensor:
@@ -47,7 +47,7 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options,
     tensors on the device, not read; the loss and the gradient norm are handed to `watch`. `terms`,
     when given, receives the window's mean of each named part of the head's extra terms
     (`outputs.aux_terms`), on the device too."""
-    count = accelerator.reduce(sum(loss_tokens(b, options.task) for b in window).to(accelerator.device), "sum")
+    count = accelerator.reduce(sum(loss_tokens(b, options.model.task) for b in window).to(accelerator.device), "sum")
     processes, nll_total, aux_total = accelerator.num_processes, 0.0, None
     undo_division = accelerator.gradient_accumulation_steps  # see the module docstring
     for batch in window:  # accelerate synchronises (and steps) on the last: the window ends an accumulation
@@ -56,8 +56,9 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options,
             nll, aux = outputs.nll_loss, outputs.aux_loss  # nll: this process's share of the window's token mean
             # every term of `loss` is this process's share of the window's value; processes' gradients are averaged
             accelerator.backward(outputs.loss * processes * undo_division)
-            if accelerator.sync_gradients and options.max_grad_norm:
-                watch.add("gradient norm", accelerator.clip_grad_norm_(model.parameters(), options.max_grad_norm))
+            limit = options.training.max_grad_norm
+            if accelerator.sync_gradients and limit:
+                watch.add("gradient norm", accelerator.clip_grad_norm_(model.parameters(), limit))
             optimizer.step()  # accelerate's wrappers step (and zero) on the synchronising micro-batch only
             scheduler.step()
             optimizer.zero_grad()
@@ -140,13 +141,13 @@ def stop_on_non_finite(options):
         yield
     except NonFiniteError as error:
         step = error.step
-        found = complete_checkpoints(options.output_dir)
+        found = complete_checkpoints(options.training.output_dir)
         kept = (f"The last good checkpoint, {found[-1]}, is kept: rerunning with --resume auto continues from it"
                 if found else "No checkpoint had been saved yet")
         raise NonFiniteError(
             f"Training stopped at optimizer step {step}: {error} (not finite). Nothing from this step on was saved. "
-            f"{kept}. Lower learning_rate (now {options.learning_rate}), keep max_grad_norm set (now "
-            f"{options.max_grad_norm}), or train in float32 / bf16 rather than fp16.") from None
+            f"{kept}. Lower learning_rate (now {options.training.learning_rate}), keep max_grad_norm set (now "
+            f"{options.training.max_grad_norm}), or train in float32 / bf16 rather than fp16.") from None
 
 
 def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps, save):
@@ -155,10 +156,10 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
     bar = tqdm(total=max_steps, initial=progress.step, disable=not accelerator.is_local_main_process, desc="train")
     running, step_times, started = RunningLoss(), [], time.perf_counter()
     watch = NonFiniteWatch(accelerator.device)
-    stop_at = options.stop_after_steps if (options.stop_after_steps or 0) > progress.step else None
+    stop_at = options.training.stop_after_steps if (options.training.stop_after_steps or 0) > progress.step else None
     while progress.step < max_steps:
         whole_epoch, trained = progress.batches_in_epoch == 0, False
-        for window in epoch_windows(accelerator, train_dl, progress, options.gradient_accumulation_steps):
+        for window in epoch_windows(accelerator, train_dl, progress, options.training.gradient_accumulation_steps):
             trained = True
             watch.step = progress.step + 1
             terms = {}
@@ -168,9 +169,9 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
             step_times.append(time.perf_counter() - started)
             bar.update(1)
             stop = stop_at is not None and progress.step >= stop_at
-            save_now = (options.save_steps and progress.step % options.save_steps == 0) or stop
+            save_now = (options.training.save_steps and progress.step % options.training.save_steps == 0) or stop
             hooks_now = [hook for every, hook in hooks if every and progress.step % every == 0 and progress.step < max_steps]
-            logging_now = progress.step % options.logging_steps == 0 or progress.step == max_steps
+            logging_now = progress.step % options.training.logging_steps == 0 or progress.step == max_steps
             if logging_now or save_now or hooks_now:  # the one host sync: nothing non-finite is logged, saved or evaluated
                 with stop_on_non_finite(options):
                     watch.check()

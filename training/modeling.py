@@ -47,16 +47,17 @@ def _set_dropout(config, dropout: float | None) -> None:
 def check_backbone(options) -> None:
     """Exactly one of `model_preset` and `pretrained`, and a preset that exists and fits the task:
     checked when the options are parsed (`preflight`) and again by `build_model`."""
-    if bool(options.model_preset) == bool(options.pretrained):
+    model = options.model
+    if bool(model.model_preset) == bool(model.pretrained):
         raise ValueError(f"Set exactly one of model_preset (train from scratch) and pretrained (convert a checkpoint); "
-                         f"got model_preset={options.model_preset!r}, pretrained={options.pretrained!r}. "
+                         f"got model_preset={model.model_preset!r}, pretrained={model.pretrained!r}. "
                          "A --pretrained or --model_preset flag replaces the config file's choice.")
-    if options.model_preset:
-        if options.model_preset not in PRESETS:
-            raise ValueError(f"Unknown model_preset {options.model_preset!r}. Valid presets: {sorted(PRESETS)}.")
-        model_type = PRESETS[options.model_preset][0]
-        if AutoConfig.for_model(model_type).is_encoder_decoder != (options.task == "seq2seq"):
-            raise ValueError(f"Preset {options.model_preset} ({model_type}) does not fit task={options.task}.")
+    if model.model_preset:
+        if model.model_preset not in PRESETS:
+            raise ValueError(f"Unknown model_preset {model.model_preset!r}. Valid presets: {sorted(PRESETS)}.")
+        model_type = PRESETS[model.model_preset][0]
+        if AutoConfig.for_model(model_type).is_encoder_decoder != (model.task == "seq2seq"):
+            raise ValueError(f"Preset {model.model_preset} ({model_type}) does not fit task={model.task}.")
 
 
 def positions(text_config) -> int | None:
@@ -71,47 +72,47 @@ def check_lengths(options, text_config) -> None:
     `max_target_length`) within its positions: checked when the options are parsed (`preflight`,
     where the config is known without a download) and again by `build_model`."""
     limit = positions(text_config)
-    names = ("block_size",) if options.task == "causal_lm" else ("max_source_length", "max_target_length")
+    names = ("block_size",) if options.model.task == "causal_lm" else ("max_source_length", "max_target_length")
     for name in names:
-        if limit is not None and getattr(options, name) > limit:
-            raise ValueError(f"Option {name}={getattr(options, name)} is larger than the {text_config.model_type} "
+        if limit is not None and getattr(options.data, name) > limit:
+            raise ValueError(f"Option {name}={getattr(options.data, name)} is larger than the {text_config.model_type} "
                              f"backbone's {limit} positions: lower {name} to at most {limit}"
-                             + (", or give the preset more positions in model_overrides." if options.model_preset else "."))
+                             + (", or give the preset more positions in model_overrides." if options.model.model_preset else "."))
 
 
 def preset_config(options, tokenizer):
-    model_type, fields = PRESETS[options.model_preset]
+    model_type, fields = PRESETS[options.model.model_preset]
     ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                eos_token_id=tokenizer.eos_token_id)
-    if options.task == "seq2seq":
+    if options.model.task == "seq2seq":
         start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
         ids.update(decoder_start_token_id=start, forced_eos_token_id=None, forced_bos_token_id=None)
-    return AutoConfig.for_model(model_type, **{**fields, **ids, **options.model_overrides})
+    return AutoConfig.for_model(model_type, **{**fields, **ids, **options.model.model_overrides})
 
 
 def build_model(options, tokenizer):
-    """A from-scratch preset or a converted pretrained model, with the options' head (`head_spec`)."""
+    """A from-scratch preset or a converted pretrained model, with the run's head (`ModelOptions.head`)."""
     check_backbone(options)
-    cls = model_class(options.task)
-    head = options.head_spec()
-    if options.model_preset:
+    model_options = options.model
+    cls, head = model_class(model_options.task), model_options.head
+    if model_options.model_preset:
         text_config = preset_config(options, tokenizer)
         if text_config.vocab_size < len(tokenizer):
             raise ValueError(f"model_overrides.vocab_size = {text_config.vocab_size} is smaller than the tokenizer's "
                              f"{len(tokenizer)} tokens: ids from {text_config.vocab_size} on would have no embedding. "
                              "Drop vocab_size from model_overrides (it is the tokenizer's size by default) or raise it.")
-        _set_dropout(text_config, options.dropout)
+        _set_dropout(text_config, model_options.dropout)
         check_lengths(options, text_config)
         return cls(OutHeadsConfig(text_config=text_config, head_type=head.head_type, head_options=head.options))
-    config = AutoConfig.from_pretrained(options.pretrained)
-    _set_dropout(config, options.dropout)
-    for key, value in options.model_overrides.items():
+    config = AutoConfig.from_pretrained(model_options.pretrained)
+    _set_dropout(config, model_options.dropout)
+    for key, value in model_options.model_overrides.items():
         setattr(config, key, value)
     check_lengths(options, config.get_text_config())
-    model = cls.from_backbone(options.pretrained, head_type=head.head_type, head_options=head.options,
+    model = cls.from_backbone(model_options.pretrained, head_type=head.head_type, head_options=head.options,
                               config=config)
     if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but {options.pretrained} only {model.config.vocab_size} "
+        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but {model_options.pretrained} only {model.config.vocab_size} "
                          "embeddings: use the pretrained model's own tokenizer (tokenizer: auto).")
     return model
 
@@ -131,8 +132,8 @@ def position_limit(model) -> int | None:
 
 def step_flops(model, options, processes: int) -> int:
     """Analytic FLOPs of one optimizer step (`hf_outheads.flops`); seq2seq at the length limits."""
-    sequences = options.per_device_train_batch_size * options.gradient_accumulation_steps * processes
-    if options.task == "causal_lm":
-        return training_flops_per_step(model, sequences * options.block_size, options.block_size)
-    return training_flops_per_step(model, sequences * options.max_target_length, options.max_target_length,
-                                   sequences * options.max_source_length, options.max_source_length)
+    sequences = options.training.per_device_train_batch_size * options.training.gradient_accumulation_steps * processes
+    if options.model.task == "causal_lm":
+        return training_flops_per_step(model, sequences * options.data.block_size, options.data.block_size)
+    return training_flops_per_step(model, sequences * options.data.max_target_length, options.data.max_target_length,
+                                   sequences * options.data.max_source_length, options.data.max_source_length)

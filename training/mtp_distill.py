@@ -21,38 +21,47 @@ any other with `--overwrite`, never RUN_DIR, a folder inside it or around it.
 
 from __future__ import annotations
 
-if not __package__:  # run by path (`python training/mtp_distill.py`): its modules are the installed package's
-    __package__ = "hf_outheads.training"
-
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hf_outheads import IGNORE_INDEX
-from hf_outheads.head_options import Spec
+from hf_outheads.head_options import DeclaredOptions, integer, number
 
-from .command_line import CommandParser, typed
+from hf_outheads.training.command_line import CommandParser, add_declared, declared_values, refuse
 
-COUNT = typed(Spec("int", low=1))
+
+@dataclass(frozen=True)
+class DistillOptions(DeclaredOptions):
+    """How much is generated and how the predictors train."""
+
+    prompts: int = integer(512, 1, help="Prompts from the training split.")
+    prompt_tokens: int = integer(32, 1, help="Tokens per prompt.")
+    new_tokens: int = integer(64, 1, help="Greedy tokens generated after each prompt.")
+    batch_size: int = integer(16, 1, help="Sequences per generation and per training step.")
+    max_steps: int = integer(300, 1, help="Training steps of the predictors.")
+    learning_rate: float = number(1e-3, 0.0, open_low=True, help="Peak learning rate (cosine, 10% warm-up).")
+    seed: int = integer(0, 0, help="Seed of the predictors' training.")
 
 
 def parse_args(argv=None):
+    """The run, output folder and `--overwrite`, and the checked `DistillOptions` as `args.options`."""
     parser = CommandParser(description=__doc__)
     parser.add_argument("run", help="A model folder of an mtp head written by `hf-outheads train` (with its "
                                     "train_config.yaml).")
     parser.add_argument("--output_dir", required=True, help="Where the distilled model goes: a new or empty folder.")
     parser.add_argument("--overwrite", action="store_true",
                         help="Replace output_dir when it is not empty (the whole folder, swapped in once written).")
-    parser.add_argument("--prompts", type=COUNT, default=512, help="Prompts from the training split.")
-    parser.add_argument("--prompt_tokens", type=COUNT, default=32, help="Tokens per prompt.")
-    parser.add_argument("--new_tokens", type=COUNT, default=64, help="Greedy tokens generated after each prompt.")
-    parser.add_argument("--batch_size", type=COUNT, default=16, help="Sequences per generation and per training step.")
-    parser.add_argument("--max_steps", type=COUNT, default=300, help="Training steps of the predictors.")
-    parser.add_argument("--learning_rate", type=typed(Spec("number", low=0.0, open_low=True)), default=1e-3,
-                        help="Peak learning rate (cosine, 10%% warm-up).")
-    parser.add_argument("--seed", type=typed(Spec("int", low=0)), default=0, help="Seed of the predictors' training.")
-    return parser.parse_args(argv)
+    add_declared(parser.add_argument_group("distillation options", DistillOptions.__doc__), DistillOptions)
+    args = parser.parse_args(argv)
+    try:
+        args.options = DistillOptions(**declared_values(DistillOptions, vars(args)))
+    except ValueError as error:
+        raise refuse(f"mtp_distill.py: error: {error}") from None
+    return args
 
 
 def require_mtp(config) -> None:
@@ -145,7 +154,7 @@ def leading_tokens(texts, tokenizer, count: int, length: int) -> list[list[int]]
 
 def training_prompts(options, tokenizer, count: int, length: int) -> torch.Tensor:
     """`(count, length)` token ids: the first `length` tokens of the run's training texts that have as many."""
-    from . import data as data_lib
+    from hf_outheads.training import data as data_lib
 
     train, _ = data_lib.select_splits(data_lib.load_raw(options), options)
     chosen = leading_tokens(data_lib.training_texts(train, options), tokenizer, count, length)
@@ -161,7 +170,7 @@ def run_options(run: Path):
 
     import hf_outheads  # noqa: F401  (registers the Auto classes: no remote code runs)
 
-    from .options import CONFIG_FILE, parse_options
+    from hf_outheads.training.options import CONFIG_FILE, parse_options
 
     if not (run / CONFIG_FILE).is_file():
         raise ValueError(f"{run} has no {CONFIG_FILE}: give a model folder that `hf-outheads train` wrote.")
@@ -178,11 +187,11 @@ def main(argv=None):
 
     from hf_outheads.folders import staged_folder, writable_target
 
-    from .command_line import refuse
-    from .preflight import run_sources
-    from .tokenization import load_saved_tokenizer
+    from hf_outheads.training.preflight import run_sources
+    from hf_outheads.training.tokenization import load_saved_tokenizer
 
     args = parse_args(argv)
+    settings = args.options
     run, target = Path(args.run), dict(overwrite=args.overwrite, overwrite_hint="pass --overwrite")
     try:  # everything refused before anything is generated or written
         options = run_options(run)
@@ -191,18 +200,19 @@ def main(argv=None):
         tokenizer = load_saved_tokenizer(run)
         if tokenizer is None:
             raise ValueError(f"{run} holds no tokenizer: give a model folder that `hf-outheads train` wrote.")
-        prompts = training_prompts(options, tokenizer, args.prompts, args.prompt_tokens)
+        prompts = training_prompts(options, tokenizer, settings.prompts, settings.prompt_tokens)
     except (ValueError, OSError) as error:  # (TargetIsSource is a ValueError; a data file not found an OSError)
         raise refuse(f"mtp_distill.py: error: {error}") from None
-    torch.manual_seed(args.seed)
+    torch.manual_seed(settings.seed)
     model = AutoModelForCausalLM.from_pretrained(run)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples = greedy_examples(model, prompts, args.new_tokens, args.batch_size, pad, tokenizer.eos_token_id)
+    examples = greedy_examples(model, prompts, settings.new_tokens, settings.batch_size, pad, tokenizer.eos_token_id)
     with staged_folder(args.output_dir, sources=sources, **target) as written:
-        result = distill(model, examples, str(written), args.batch_size, args.max_steps, args.learning_rate, args.seed)
+        result = distill(model, examples, str(written), settings.batch_size, settings.max_steps, settings.learning_rate,
+                         settings.seed)
         model.save_pretrained(written)
         tokenizer.save_pretrained(written)
-        result = {"run": str(run), **{k: v for k, v in vars(args).items() if k not in ("run", "output_dir")}, **result}
+        result = {"run": str(run), "overwrite": args.overwrite, **dataclasses.asdict(settings), **result}
         (written / "distill.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 

@@ -1,12 +1,16 @@
-"""Every training option, its default and its help text, in one dataclass.
+"""A training run's options: three groups of declared fields, as TRL's `ScriptArguments` /
+`ModelConfig` / `SFTConfig` are: `ModelOptions` (backbone, head, tokenizer), `DataOptions`
+(dataset, splits, lengths) and `TrainingOptions` (optimisation, evaluation, the run's folder and
+publishing), held by one `RunOptions` and read as `options.data.block_size`.
 
-Options come from a YAML file (`--config`) and are overridden by `--key value` flags
-(`--key-value` too, as `HfArgumentParser` accepts). An unknown key in either place is an error
-that lists the valid keys. Values of non-string options given on the command line are parsed as
-YAML (`--head_options '{k: 4}'`, `--gradient_checkpointing true`, `--generation_metrics
-'[sacrebleu, chrf]'`). Each field declares its type, and a numeric one its range (`spec`, the
-`Spec` head options declare theirs with); everything is checked when parsed (`check_values`),
-and a file or value that is not YAML is named in one line.
+Every field is declared with `hf_outheads.head_options`' declarators, as head options are: its
+type, its range or choices and its help text, in one place. Building an options object checks
+every field against its declaration (`Spec.check`), whichever way the values came: a YAML file
+(`--config`, one flat mapping of option: value), `--key value` flags (the parser is built from the
+declarations, one argument group per options group: `command_line.add_declared`), or Python
+(`RunOptions.from_flat`). An unknown key in either place is an error that lists the valid keys,
+and a file or value that is not YAML is named in one line. The run's head is decided and its
+options checked once, when the model options are built (`ModelOptions.head`).
 
 Hand-written rather than transformers' `HfArgumentParser`: that parser turns a `dict` field's
 flag into `dict(string)` and a `list` field into `nargs="+"` strings, and reads no `null`, so
@@ -15,157 +19,20 @@ flag into `dict(string)` and a `list` field into `nargs="+"` strings, and reads 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
 from transformers import SchedulerType
 
 from hf_outheads import HEAD_CLASSES, HeadOptions, get_head_class
-from hf_outheads.head_options import Spec
+from hf_outheads.head_options import (DeclaredOptions, choice, flag, integer, listing, mapping, number, probability,
+                                      text)
 
-from .command_line import CommandParser
+from hf_outheads.training.command_line import CommandParser, add_declared, declared_values, yaml_value
 
-
-def opt(default: Any, help: str, choices: tuple | None = None, spec: Spec | None = None):
-    """A field: its default, help text, and the values it takes (`choices`, or a numeric `spec`;
-    None is accepted where the field's type allows it)."""
-    factory = (lambda: type(default)(default)) if isinstance(default, (dict, list)) else None
-    metadata = {"help": help, "choices": choices, "spec": spec}
-    return field(default_factory=factory, metadata=metadata) if factory else field(default=default, metadata=metadata)
-
-
-def at_least(low: int) -> Spec:
-    return Spec("int", low=low)
-
-
-POSITIVE = Spec("number", low=0.0, open_low=True)
-RATE = Spec("number", low=0.0, high=1.0, open_high=True)  # a dropout probability, an Adam beta
-
-
-@dataclass
-class TrainOptions:
-    # model
-    task: str = opt("causal_lm", "What to train: a decoder-only LM or an encoder-decoder.", ("causal_lm", "seq2seq"))
-    model_preset: str | None = opt(None, "Train a backbone from scratch from a named size preset (see training/modeling.py).")
-    pretrained: str | None = opt(None, "Hub id or local path of a pretrained LM to convert with from_backbone (instead of a preset).")
-    model_overrides: dict = opt({}, "Backbone config fields to override, e.g. {n_layer: 4} (presets and pretrained).")
-    dropout: float | None = opt(None, "Set every dropout probability of the backbone to this value (0 for exact resumption).",
-                                 spec=RATE)
-    head_type: str | None = opt("tied", "Output head (a key of hf_outheads.HEAD_CLASSES); null keeps a pretrained model's head form.")
-    head_options: dict = opt({}, "The head's hyper-parameters; omitted ones take the head's defaults (hf_outheads, "
-                             "chosen by measurement: studies/results/ablations_*.md).")
-    head_options_by_head: dict = opt({}, "Options per head type, {head_type: {option: value}}, used for the chosen head "
-                                     "under head_options (lets compare_heads.py run several heads from one file).")
-    # data
-    dataset_name: str | None = opt(None, "Hub dataset (e.g. wikitext, ptb_text_only, iwslt2017, wmt14), 'stdlib_docstrings' (built in, offline) or 'debian_manpages' (built from Debian's manpages packages).")
-    dataset_config: str | None = opt(None, "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text', 'summary', 'restore' or 'restore_short' for stdlib_docstrings.")
-    data_files: dict = opt({}, "Local files per split, e.g. {train: a.txt, validation: b.txt}; format from the extension (txt/json/jsonl/csv/parquet).")
-    streaming: bool = opt(False, "Stream the dataset instead of downloading/preparing it whole (needs max_steps).")
-    train_split: str = opt("train", "Split to train on.")
-    validation_split: str = opt("validation", "Split to evaluate on; if the dataset lacks it, validation_percent of train is held out.")
-    validation_percent: int = opt(5, "Share of the training split held out when there is no validation split.",
-                                  spec=Spec("int", low=1, high=99))
-    text_column: str = opt("text", "Text column for causal LM.")
-    source_column: str = opt("source", "Source column for seq2seq (ignored when source_lang is set).")
-    target_column: str = opt("target", "Target column for seq2seq (ignored when target_lang is set).")
-    source_lang: str | None = opt(None, "For translation datasets: source language key inside the 'translation' column.")
-    target_lang: str | None = opt(None, "For translation datasets: target language key inside the 'translation' column.")
-    source_prefix: str = opt("", "Text prepended to every source, e.g. 'translate German to English: ' for T5.")
-    block_size: int = opt(128, "Causal LM: tokens per training block (texts are concatenated and cut into blocks); "
-                           "at most the model's positions.", spec=at_least(2))
-    max_source_length: int = opt(128, "Seq2seq: source tokens kept.", spec=at_least(2))
-    max_target_length: int = opt(64, "Seq2seq: target tokens kept (also the generation limit).", spec=at_least(1))
-    max_train_samples: int | None = opt(None, "Keep only this many training examples (after loading, before tokenising).",
-                                         spec=at_least(1))
-    max_eval_samples: int | None = opt(None, "Keep only this many evaluation examples.", spec=at_least(1))
-    preprocessing_num_workers: int | None = opt(None, "Processes for dataset.map (not used when streaming).",
-                                                 spec=at_least(1))
-    dataloader_num_workers: int = opt(0, "Worker processes that collate the training and evaluation batches while the "
-                                      "model computes (0: the main process), kept across epochs; batches are pinned on a GPU and "
-                                      "copied to it without waiting.", spec=at_least(0))
-    # tokenizer
-    tokenizer: str = opt("auto", "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path.")
-    tokenizer_vocab_size: int = opt(8000, "Vocabulary (BPE code-dictionary) size of a trained tokenizer, special tokens "
-                                    "included.", spec=at_least(5))
-    tokenizer_min_frequency: int = opt(2, "Minimum count of a merge / word for a trained tokenizer.", spec=at_least(0))
-    tokenizer_lowercase: bool = opt(False, "Lowercase text in a trained tokenizer.")
-    # optimisation
-    seed: int = opt(42, "Seed for initialisation, data order and dropout.", spec=at_least(0))
-    per_device_train_batch_size: int = opt(16, "Training batch size per process.", spec=at_least(1))
-    per_device_eval_batch_size: int = opt(32, "Evaluation batch size per process.", spec=at_least(1))
-    learning_rate: float = opt(5e-4, "Peak learning rate of AdamW.", spec=POSITIVE)
-    head_learning_rate: float | None = opt(None, "Peak learning rate of the output head's own parameters "
-                                           "(not the shared embedding E); null: learning_rate.", spec=POSITIVE)
-    weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and norms).", spec=Spec("number", low=0.0))
-    adam_beta1: float = opt(0.9, "AdamW beta1.", spec=RATE)
-    adam_beta2: float = opt(0.999, "AdamW beta2.", spec=RATE)
-    lr_scheduler_type: str = opt("linear", "Schedule after warmup (transformers.get_scheduler).",
-                                  tuple(kind.value for kind in SchedulerType))
-    warmup_steps: int = opt(0, "Linear warmup steps.", spec=at_least(0))
-    num_train_epochs: float | None = opt(1.0, "Epochs to train when max_steps is not set.", spec=POSITIVE)
-    max_steps: int | None = opt(None, "Total optimizer steps (overrides num_train_epochs).", spec=at_least(1))
-    stop_after_steps: int | None = opt(None, "Stop after this many optimizer steps in total, as if interrupted (for resumption tests); "
-                                        "only a run that starts below it stops, so rerunning finishes.", spec=at_least(1))
-    gradient_accumulation_steps: int = opt(1, "Micro-batches accumulated per optimizer step.", spec=at_least(1))
-    max_grad_norm: float | None = opt(1.0, "Gradient clipping norm; null disables.", spec=POSITIVE)
-    mixed_precision: str = opt("no", "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU).", ("no", "bf16", "fp16"))
-    gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
-    torch_compile: bool = opt(False, "Compile the model with torch.compile (inductor; on a CPU it needs a C++ compiler): "
-                              "the backbone's and the head's layers fused, the head's fused losses eager; each epoch's last, "
-                              "shorter training batch is dropped, so that the step compiles once. Not with FSDP or DeepSpeed.")
-    code_reassign_steps: int | None = opt(None, "Heads that update themselves periodically (updates_periodically: lightrnn "
-                                          "re-assigns its word-code table): every this many optimizer steps (default: eval_steps; 0: never, a fixed table).",
-                                          spec=at_least(0))
-    # evaluation
-    eval_steps: int | None = opt(None, "Evaluate every this many optimizer steps (and always at the end).", spec=at_least(0))
-    generation_metrics: list = opt([], "Generation metrics from training/metrics: sacrebleu, chrf, rouge (seq2seq).")
-    num_generation_examples: int | None = opt(None, "Evaluation examples used for generation metrics (null: all).",
-                                               spec=at_least(1))
-    generation_num_beams: int = opt(1, "Beams for generation-based evaluation.", spec=at_least(1))
-    sample_prompt: str | None = opt(None, "Causal LM: prompt of the sample generated at the end (default: start of a validation text).")
-    sample_max_new_tokens: int = opt(40, "Causal LM: tokens of the generated sample.", spec=at_least(1))
-    # logging, checkpoints, publishing
-    output_dir: str = opt("outputs/run", "Folder for the model, tokenizer, card, metrics.jsonl and checkpoints/.")
-    overwrite_output_dir: bool = opt(False, "Let the run write into an output_dir that holds a finished model or files "
-                                     "of no run (refused otherwise, as transformers' Trainer does).")
-    logging_steps: int = opt(10, "Log the training loss every this many optimizer steps.", spec=at_least(1))
-    save_steps: int | None = opt(None, "Save an accelerate checkpoint every this many optimizer steps.", spec=at_least(0))
-    save_total_limit: int | None = opt(2, "Checkpoints kept, the one just saved among them (the oldest deleted); null: "
-                                        "keep every one (transformers' TrainingArguments).", spec=at_least(1))
-    resume: str = opt("auto", "'auto' resumes from the latest checkpoint in output_dir/checkpoints, 'never', or a checkpoint path.")
-    report_to: str = opt("auto", "'auto' (JSONL, plus TensorBoard when installed), 'jsonl' or 'tensorboard'.", ("auto", "jsonl", "tensorboard"))
-    push_to_hub: bool = opt(False, "Publish model, tokenizer and card to the Hub at the end.")
-    hub_model_id: str | None = opt(None, "Repository for push_to_hub, e.g. user/gpt2-drill-wikitext2 (default: output_dir's name).")
-    hub_private: bool = opt(False, "Create the Hub repository as private.")
-    license: str = opt("apache-2.0", "License written in the model card.")
-
-    def head_spec(self, name: str | None = None) -> HeadSpec:
-        """The head of the run called `name` (default: `head_type`) under these options
-        (`head_spec`), built and checked once per name: later calls return the same object while
-        the options it comes from are unchanged. `head_type: null` (a pretrained model keeps its
-        head as it is) needs `pretrained` and takes no head options."""
-        key = (name, self.head_type, self.pretrained, json.dumps([self.head_options, self.head_options_by_head],
-                                                                 sort_keys=True, default=str))
-        built = self.__dict__.setdefault("_head_specs", {})  # not a field: never written to a config
-        if key not in built:
-            built[key] = self._build_head_spec(name)
-        return built[key]
-
-    def _build_head_spec(self, name: str | None) -> HeadSpec:
-        if name is None and self.head_type is None:
-            if not self.pretrained:
-                raise ValueError("Option head_type: null (keep the pretrained head) needs pretrained; "
-                                 f"choose one of {sorted(HEAD_CLASSES)}.")
-            if self.head_options:
-                raise ValueError(f"Option head_options={self.head_options!r} needs a head_type: with head_type: null "
-                                 "the pretrained model keeps its head as it is.")
-            return HeadSpec(None, None)
-        return head_spec(self.head_type if name is None else name, self.head_options_by_head, self.head_options)
+CONFIG_FILE = "train_config.yaml"  # a run's options, saved beside its model (`saved_options`)
+BYTE_ALPHABET = 256 + 4  # a byte-level BPE holds every byte plus <pad> <s> </s> <unk>
 
 
 @dataclass(frozen=True)
@@ -206,18 +73,211 @@ def head_spec(name: str, head_options_by_head: dict, head_options: dict | None =
     return HeadSpec(head_type, options_class.from_dict(given) if given else None)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(TrainOptions)}
-STRING_FIELDS = {name for name, f in FIELDS.items() if f.type in ("str", "str | None")}
-CONFIG_FILE = "train_config.yaml"  # a run's options, saved beside its model (`saved_options`)
+@dataclass(frozen=True)
+class ModelOptions(DeclaredOptions):
+    """The backbone, its output head and its tokenizer."""
+
+    task: str = choice("causal_lm", ("causal_lm", "seq2seq"), help=(
+        "What to train: a decoder-only LM or an encoder-decoder."))
+    model_preset: str | None = text(None, optional=True, help=(
+        "Train a backbone from scratch from a named size preset (see training/modeling.py)."))
+    pretrained: str | None = text(None, optional=True, help=(
+        "Hub id or local path of a pretrained LM to convert with from_backbone (instead of a preset)."))
+    model_overrides: dict = mapping(dict, help=(
+        "Backbone config fields to override, e.g. {n_layer: 4} (presets and pretrained)."))
+    dropout: float | None = number(None, 0.0, 1.0, open_high=True, optional=True, help=(
+        "Set every dropout probability of the backbone to this value (0 for exact resumption)."))
+    head_type: str | None = text("tied", optional=True, help=(
+        "Output head (a key of hf_outheads.HEAD_CLASSES); null keeps a pretrained model's head form."))
+    head_options: dict = mapping(dict, help=(
+        "The head's hyper-parameters; omitted ones take the head's defaults (hf_outheads, chosen by measurement: "
+        "studies/results/ablations_*.md)."))
+    head_options_by_head: dict = mapping(dict, help=(
+        "Options per head type, {head_type: {option: value}}, used for the chosen head under head_options (lets "
+        "compare_heads.py run several heads from one file)."))
+    tokenizer: str = text("auto", help=(
+        "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path."))
+    tokenizer_vocab_size: int = integer(8000, 5, help=(
+        "Vocabulary (BPE code-dictionary) size of a trained tokenizer, special tokens included."))
+    tokenizer_min_frequency: int = integer(2, 0, help="Minimum count of a merge / word for a trained tokenizer.")
+    tokenizer_lowercase: bool = flag(False, help="Lowercase text in a trained tokenizer.")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.tokenizer == "bpe" and self.tokenizer_vocab_size < BYTE_ALPHABET:
+            raise ValueError(f"Option tokenizer_vocab_size={self.tokenizer_vocab_size} is below the byte-level BPE "
+                             f"alphabet: use at least {BYTE_ALPHABET} (256 bytes + 4 special tokens).")
+        # `head` (no option, never saved): the run's head, decided and its options checked here, once
+        object.__setattr__(self, "head", self.head_spec())
+
+    def head_spec(self, name: str | None = None) -> HeadSpec:
+        """The head of the run called `name` (default: `head_type`, the run's own, `self.head`) under these
+        options (`head_spec`). `head_type: null` (a pretrained model keeps its head as it is) needs
+        `pretrained` and takes no head options."""
+        if name is None and self.head_type is None:
+            if not self.pretrained:
+                raise ValueError("Option head_type: null (keep the pretrained head) needs pretrained; "
+                                 f"choose one of {sorted(HEAD_CLASSES)}.")
+            if self.head_options:
+                raise ValueError(f"Option head_options={self.head_options!r} needs a head_type: with head_type: null "
+                                 "the pretrained model keeps its head as it is.")
+            return HeadSpec(None, None)
+        return head_spec(self.head_type if name is None else name, self.head_options_by_head, self.head_options)
 
 
-def saved_options(options: TrainOptions) -> dict:
+@dataclass(frozen=True)
+class DataOptions(DeclaredOptions):
+    """The dataset, its splits and columns, and the lengths it is cut to."""
+
+    dataset_name: str | None = text(None, optional=True, help=(
+        "Hub dataset (e.g. wikitext, ptb_text_only, iwslt2017, wmt14), 'stdlib_docstrings' (built in, offline) or "
+        "'debian_manpages' (built from Debian's manpages packages)."))
+    dataset_config: str | None = text(None, optional=True, help=(
+        "Dataset config, e.g. wikitext-2-raw-v1, iwslt2017-de-en, de-en; 'text', 'summary', 'restore' or "
+        "'restore_short' for stdlib_docstrings."))
+    data_files: dict = mapping(dict, help=(
+        "Local files per split, e.g. {train: a.txt, validation: b.txt}; format from the extension "
+        "(txt/json/jsonl/csv/parquet)."))
+    streaming: bool = flag(False, help="Stream the dataset instead of downloading/preparing it whole (needs max_steps).")
+    train_split: str = text("train", help="Split to train on.")
+    validation_split: str = text("validation", help=(
+        "Split to evaluate on; if the dataset lacks it, validation_percent of train is held out."))
+    validation_percent: int = integer(5, 1, maximum=99, help=(
+        "Share of the training split held out when there is no validation split."))
+    text_column: str = text("text", help="Text column for causal LM.")
+    source_column: str = text("source", help="Source column for seq2seq (ignored when source_lang is set).")
+    target_column: str = text("target", help="Target column for seq2seq (ignored when target_lang is set).")
+    source_lang: str | None = text(None, optional=True, help=(
+        "For translation datasets: source language key inside the 'translation' column."))
+    target_lang: str | None = text(None, optional=True, help=(
+        "For translation datasets: target language key inside the 'translation' column."))
+    source_prefix: str = text("", help="Text prepended to every source, e.g. 'translate German to English: ' for T5.")
+    block_size: int = integer(128, 2, help=(
+        "Causal LM: tokens per training block (texts are concatenated and cut into blocks); at most the model's "
+        "positions."))
+    max_source_length: int = integer(128, 2, help="Seq2seq: source tokens kept.")
+    max_target_length: int = integer(64, 1, help="Seq2seq: target tokens kept (also the generation limit).")
+    max_train_samples: int | None = integer(None, 1, optional=True, help=(
+        "Keep only this many training examples (after loading, before tokenising)."))
+    max_eval_samples: int | None = integer(None, 1, optional=True, help="Keep only this many evaluation examples.")
+    preprocessing_num_workers: int | None = integer(None, 1, optional=True, help=(
+        "Processes for dataset.map (not used when streaming)."))
+
+
+@dataclass(frozen=True)
+class TrainingOptions(DeclaredOptions):
+    """Optimisation, evaluation, the run's folder, checkpoints and publishing."""
+
+    seed: int = integer(42, 0, help="Seed for initialisation, data order and dropout.")
+    per_device_train_batch_size: int = integer(16, 1, help="Training batch size per process.")
+    per_device_eval_batch_size: int = integer(32, 1, help="Evaluation batch size per process.")
+    dataloader_num_workers: int = integer(0, 0, help=(
+        "Worker processes that collate the training and evaluation batches while the model computes (0: the main "
+        "process), kept across epochs; batches are pinned on a GPU and copied to it without waiting."))
+    learning_rate: float = number(5e-4, 0.0, open_low=True, help="Peak learning rate of AdamW.")
+    head_learning_rate: float | None = number(None, 0.0, open_low=True, optional=True, help=(
+        "Peak learning rate of the output head's own parameters (not the shared embedding E); null: learning_rate."))
+    weight_decay: float = number(0.01, 0.0, help="AdamW weight decay (not applied to biases and norms).")
+    adam_beta1: float = probability(0.9, help="AdamW beta1.")
+    adam_beta2: float = probability(0.999, help="AdamW beta2.")
+    lr_scheduler_type: str = choice("linear", tuple(kind.value for kind in SchedulerType), help=(
+        "Schedule after warmup (transformers.get_scheduler)."))
+    warmup_steps: int = integer(0, 0, help="Linear warmup steps.")
+    num_train_epochs: float | None = number(1.0, 0.0, open_low=True, optional=True, help=(
+        "Epochs to train when max_steps is not set."))
+    max_steps: int | None = integer(None, 1, optional=True, help="Total optimizer steps (overrides num_train_epochs).")
+    stop_after_steps: int | None = integer(None, 1, optional=True, help=(
+        "Stop after this many optimizer steps in total, as if interrupted (for resumption tests); only a run that "
+        "starts below it stops, so rerunning finishes."))
+    gradient_accumulation_steps: int = integer(1, 1, help="Micro-batches accumulated per optimizer step.")
+    max_grad_norm: float | None = number(1.0, 0.0, open_low=True, optional=True, help=(
+        "Gradient clipping norm; null disables."))
+    mixed_precision: str = choice("no", ("no", "bf16", "fp16"), help=(
+        "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU)."))
+    gradient_checkpointing: bool = flag(False, help="Recompute activations in the backward pass to save memory.")
+    torch_compile: bool = flag(False, help=(
+        "Compile the model with torch.compile (inductor; on a CPU it needs a C++ compiler): the backbone's and the "
+        "head's layers fused, the head's fused losses eager; each epoch's last, shorter training batch is dropped, so "
+        "that the step compiles once. Not with FSDP or DeepSpeed."))
+    code_reassign_steps: int | None = integer(None, 0, optional=True, help=(
+        "Heads that update themselves periodically (updates_periodically: lightrnn re-assigns its word-code table): "
+        "every this many optimizer steps (default: eval_steps; 0: never, a fixed table)."))
+    eval_steps: int | None = integer(None, 0, optional=True, help=(
+        "Evaluate every this many optimizer steps (and always at the end)."))
+    generation_metrics: list = listing(list, help=(
+        "Generation metrics from training/metrics: sacrebleu, chrf, rouge (seq2seq)."))
+    num_generation_examples: int | None = integer(None, 1, optional=True, help=(
+        "Evaluation examples used for generation metrics (null: all)."))
+    generation_num_beams: int = integer(1, 1, help="Beams for generation-based evaluation.")
+    sample_prompt: str | None = text(None, optional=True, help=(
+        "Causal LM: prompt of the sample generated at the end (default: start of a validation text)."))
+    sample_max_new_tokens: int = integer(40, 1, help="Causal LM: tokens of the generated sample.")
+    output_dir: str = text("outputs/run", help="Folder for the model, tokenizer, card, metrics.jsonl and checkpoints/.")
+    overwrite_output_dir: bool = flag(False, help=(
+        "Let the run write into an output_dir that holds a finished model or files of no run (refused otherwise, "
+        "as transformers' Trainer does)."))
+    logging_steps: int = integer(10, 1, help="Log the training loss every this many optimizer steps.")
+    save_steps: int | None = integer(None, 0, optional=True, help=(
+        "Save an accelerate checkpoint every this many optimizer steps."))
+    save_total_limit: int | None = integer(2, 1, optional=True, help=(
+        "Checkpoints kept, the one just saved among them (the oldest deleted); null: keep every one (transformers' "
+        "TrainingArguments)."))
+    resume: str = text("auto", help=(
+        "'auto' resumes from the latest checkpoint in output_dir/checkpoints, 'never', or a checkpoint path."))
+    report_to: str = choice("auto", ("auto", "jsonl", "tensorboard"), help=(
+        "'auto' (JSONL, plus TensorBoard when installed), 'jsonl' or 'tensorboard'."))
+    push_to_hub: bool = flag(False, help="Publish model, tokenizer and card to the Hub at the end.")
+    hub_model_id: str | None = text(None, optional=True, help=(
+        "Repository for push_to_hub, e.g. user/gpt2-drill-wikitext2 (default: output_dir's name)."))
+    hub_private: bool = flag(False, help="Create the Hub repository as private.")
+    license: str = text("apache-2.0", help="License written in the model card.")
+
+
+GROUPS = {"model": ModelOptions, "data": DataOptions, "training": TrainingOptions}  # `RunOptions`' fields, in order
+FIELDS = {name: group for group, cls in GROUPS.items() for name in cls.declarations()}  # option -> its group
+assert len(FIELDS) == sum(len(cls.declarations()) for cls in GROUPS.values()), "an option name in two groups"
+NOT_SAVED = ("overwrite_output_dir",)  # how one command treats its folder, not what makes the run
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """A run's options: the three groups, each checked when built, and what crosses them. `extra`:
+    a script's own flags (`parse_options(extra=...)`), never saved."""
+
+    model: ModelOptions = field(default_factory=ModelOptions)
+    data: DataOptions = field(default_factory=DataOptions)
+    training: TrainingOptions = field(default_factory=TrainingOptions)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        if self.training.max_steps is None and (self.data.streaming or self.training.num_train_epochs is None):
+            raise ValueError("Set max_steps: " + ("a streamed dataset has no length." if self.data.streaming else
+                                                  "num_train_epochs is null."))
+
+    @classmethod
+    def from_flat(cls, values: dict, where: str = "the options", extra: dict | None = None) -> "RunOptions":
+        """Options from one flat mapping of option: value (a config file's, the command line's), each
+        checked against its declaration; an unknown key is a ValueError listing the valid ones."""
+        unknown = set(values) - set(FIELDS)
+        if unknown:
+            raise unknown_keys_error(unknown, where)
+        grouped = {group: {} for group in GROUPS}
+        for name, value in values.items():
+            grouped[FIELDS[name]][name] = value
+        return cls(**{group: GROUPS[group](**given) for group, given in grouped.items()}, extra=dict(extra or {}))
+
+    def flat(self) -> dict:
+        """Every option by name (the inverse of `from_flat`)."""
+        return {name: getattr(getattr(self, group), name) for name, group in FIELDS.items()}
+
+
+def saved_options(options: RunOptions) -> dict:
     """The options that make a run what it is, as `--config` reads them (the file `CONFIG_FILE`):
-    every field but `overwrite_output_dir`, which says how one command treats its folder."""
-    return {name: getattr(options, name) for name in FIELDS if name != "overwrite_output_dir"}
+    every option but `NOT_SAVED`."""
+    return {name: value for name, value in options.flat().items() if name not in NOT_SAVED}
 
 
-def unknown_keys_error(keys, where: str) -> ValueError:
+def unknown_keys_error(keys, where) -> ValueError:
     return ValueError(f"Unknown option(s) {sorted(keys)} in {where}. Valid options: {', '.join(FIELDS)}.")
 
 
@@ -236,19 +296,8 @@ def config_path(given: str) -> Path:
     return path
 
 
-def yaml_value(text: str, where: str):
-    """`text` read as YAML; a ValueError naming `where` and the YAML problem, in one line."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        problem += " (YAML indents with spaces, not tabs)" if "'\\t'" in problem else ""
-        raise ValueError(f"{where} is not valid YAML: {problem}{at}.") from None
-
-
 def load_yaml(path: str) -> dict:
+    """A config file's options: one mapping of option: value (checked when the options are built)."""
     path = config_path(path)
     values = yaml_value(path.read_text(), f"--config {path}") or {}
     if not isinstance(values, dict):
@@ -259,55 +308,13 @@ def load_yaml(path: str) -> dict:
     return values
 
 
-def build_parser(description: str) -> argparse.ArgumentParser:
+def build_parser(description: str) -> CommandParser:
+    """`--config` and one flag per option, in an argument group per options group (`--help`)."""
     parser = CommandParser(description=description)
     parser.add_argument("--config", help="YAML file of options; flags given here override it.")
-    for name, f in FIELDS.items():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        text = f.metadata["help"] if "default" in f.metadata["help"] else f"{f.metadata['help']} (default: {default!r})"
-        flag = {"nargs": "?", "const": "true"} if f.type == "bool" else {}  # `--flag` alone is true, as in HfArgumentParser
-        parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=text, **flag)
+    for group, cls in GROUPS.items():
+        add_declared(parser.add_argument_group(f"{group} options", cls.__doc__), cls)
     return parser
-
-
-BYTE_ALPHABET = 256 + 4  # a byte-level BPE holds every byte plus <pad> <s> </s> <unk>
-
-
-def check_ranges(options: TrainOptions) -> None:
-    """Every numeric option in its declared range (`spec`; None where the type allows it), a number
-    of steps, and the tokenizer's size, before any work starts."""
-    for name, f in FIELDS.items():
-        spec, value = f.metadata["spec"], getattr(options, name)
-        if spec is None or value is None and f.type.endswith("| None"):
-            continue
-        if not spec.accepts(value):
-            raise ValueError(f"Option {name} must be {spec.describe()}, got {value!r}.")
-    if options.max_steps is None and (options.streaming or options.num_train_epochs is None):
-        raise ValueError("Set max_steps: " + ("a streamed dataset has no length." if options.streaming else
-                                              "num_train_epochs is null."))
-    if options.tokenizer == "bpe" and options.tokenizer_vocab_size < BYTE_ALPHABET:
-        raise ValueError(f"Option tokenizer_vocab_size={options.tokenizer_vocab_size} is below the byte-level BPE "
-                         f"alphabet: use at least {BYTE_ALPHABET} (256 bytes + 4 special tokens).")
-
-
-def check_values(options: TrainOptions) -> TrainOptions:
-    for name, f in FIELDS.items():
-        if f.type.startswith("float") and isinstance(getattr(options, name), (str, int)):  # YAML reads 1e-3 as a string
-            try:
-                setattr(options, name, float(getattr(options, name)))
-            except ValueError:
-                raise ValueError(f"Option {name} must be a number, got {getattr(options, name)!r}.") from None
-        value, choices = getattr(options, name), f.metadata["choices"]
-        if choices and value not in choices:
-            raise ValueError(f"Option {name}={value!r} is not one of {list(choices)}.")
-        for kind in (dict, list, bool):
-            if kind.__name__ == f.type and not isinstance(value, kind):
-                raise ValueError(f"Option {name} must be a {kind.__name__}, got {value!r}.")
-        if name in STRING_FIELDS and not isinstance(value, str) and not (value is None and f.type.endswith("| None")):
-            raise ValueError(f"Option {name} must be a string, got {value!r}.")
-    check_ranges(options)
-    options.head_spec()
-    return options
 
 
 def command_line_backbone(values: dict, flags: dict) -> None:
@@ -323,8 +330,8 @@ def command_line_backbone(values: dict, flags: dict) -> None:
         values["tokenizer"] = "auto"
 
 
-def parse_options(argv=None, description: str = "Train an hf_outheads model.", extra=None) -> TrainOptions:
-    """Options from `--config` and `--key value` flags. `extra(parser)` may add script flags,
+def parse_options(argv=None, description: str = "Train an hf_outheads model.", extra=None) -> RunOptions:
+    """Options from `--config` and `--key value` flags, checked. `extra(parser)` may add script flags,
     which are returned in `options.extra` (a dict)."""
     parser = build_parser(description)
     if extra:
@@ -332,15 +339,13 @@ def parse_options(argv=None, description: str = "Train an hf_outheads model.", e
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         parser.error(str(unknown_keys_error([u for u in unknown if u.startswith("--")] or unknown, "the command line")))
-    flags = vars(args)
-    values = load_yaml(flags.pop("config")) if flags.get("config") else {}
-    flags.pop("config", None)
-    extras = {key: flags.pop(key) for key in list(flags) if key not in FIELDS}
-    for name, raw in flags.items():
-        values[name] = raw if name in STRING_FIELDS or not isinstance(raw, str) else yaml_value(raw, f"--{name} {raw}")
-        if name in STRING_FIELDS and raw in ("null", "None"):
-            values[name] = None
+    given = vars(args)
+    values = load_yaml(given.pop("config")) if given.get("config") else {}
+    given.pop("config", None)
+    extras = {key: given.pop(key) for key in list(given) if key not in FIELDS}
+    flags = {}
+    for cls in GROUPS.values():
+        flags.update(declared_values(cls, given))
+    values.update(flags)
     command_line_backbone(values, flags)
-    options = check_values(TrainOptions(**values))
-    options.extra = extras
-    return options
+    return RunOptions.from_flat(values, "the command line", extras)

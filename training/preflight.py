@@ -28,56 +28,58 @@ from transformers import AutoConfig
 from hf_outheads.folders import check_target
 from hf_outheads.loss_kernels import PEER_KERNELS, unavailable
 
-from .checkpoints import MARKER, checkpoint_to_resume
-from .evaluation import METRIC_KEYS
-from .launching import check_sharding, has_accelerator
-from .modeling import PRESETS, check_backbone, check_lengths, model_class
-from .tokenization import TRAINABLE
+from hf_outheads.training.checkpoints import MARKER, checkpoint_to_resume
+from hf_outheads.training.evaluation import METRIC_KEYS
+from hf_outheads.training.launching import check_sharding, has_accelerator
+from hf_outheads.training.modeling import PRESETS, check_backbone, check_lengths, model_class
+from hf_outheads.training.tokenization import TRAINABLE
 
 
 def check_tokenizer(options) -> None:
     """A tokenizer that can serve the backbone: `auto` needs a pretrained model, and a trained BPE
     no larger than a preset's overridden vocabulary."""
-    vocab = options.model_overrides.get("vocab_size")
-    if options.model_preset and isinstance(vocab, int) and options.tokenizer == "bpe" \
-            and vocab < options.tokenizer_vocab_size:
+    model = options.model
+    vocab = model.model_overrides.get("vocab_size")
+    if model.model_preset and isinstance(vocab, int) and model.tokenizer == "bpe" \
+            and vocab < model.tokenizer_vocab_size:
         raise ValueError(f"model_overrides.vocab_size = {vocab} is smaller than the tokenizer it trains "
-                         f"(tokenizer_vocab_size = {options.tokenizer_vocab_size}): ids from {vocab} on would have no "
+                         f"(tokenizer_vocab_size = {model.tokenizer_vocab_size}): ids from {vocab} on would have no "
                          "embedding. Drop vocab_size from model_overrides (the tokenizer's size is the default) or raise it.")
-    if options.tokenizer == "auto" and not options.pretrained:
+    if model.tokenizer == "auto" and not model.pretrained:
         raise ValueError("tokenizer: auto needs a pretrained model; use tokenizer: bpe / wordlevel or a tokenizer path.")
 
 
 def run_sources(options) -> list[str]:
     """The local paths a run reads besides its config: the pretrained model, a tokenizer folder,
     the data files."""
-    files = [path for paths in options.data_files.values() for path in (paths if isinstance(paths, list) else [paths])]
-    tokenizer = options.tokenizer if options.tokenizer not in ("auto", *TRAINABLE) else None
-    return [str(path) for path in (options.pretrained, tokenizer, *files) if path is not None]
+    model = options.model
+    files = [path for paths in options.data.data_files.values() for path in (paths if isinstance(paths, list) else [paths])]
+    tokenizer = model.tokenizer if model.tokenizer not in ("auto", *TRAINABLE) else None
+    return [str(path) for path in (model.pretrained, tokenizer, *files) if path is not None]
 
 
 def check_output_dir(options) -> None:
     """The output_dir is not, does not contain and does not lie inside what the run reads."""
-    check_target(options.output_dir, run_sources(options), what="output_dir")
+    check_target(options.training.output_dir, run_sources(options), what="output_dir")
 
 
 def planned_text_config(options):
     """The backbone config the run builds, without the tokenizer's sizes and ids: a preset's, or
     the pretrained model's (a folder, an hf_outheads one too: `import hf_outheads` registered it
     through `.modeling`; or a Hub id, its config fetched now, so that a wrong one is refused now)."""
-    if options.model_preset:
-        config = AutoConfig.for_model(PRESETS[options.model_preset][0], **PRESETS[options.model_preset][1])
+    if options.model.model_preset:
+        config = AutoConfig.for_model(PRESETS[options.model.model_preset][0], **PRESETS[options.model.model_preset][1])
     else:
         try:
-            config = AutoConfig.from_pretrained(options.pretrained).get_text_config()
+            config = AutoConfig.from_pretrained(options.model.pretrained).get_text_config()
         except (OSError, ValueError) as error:  # no such folder or Hub id, no network, a broken config.json
-            raise ValueError(f"Option pretrained={options.pretrained!r}: its config cannot be loaded "
+            raise ValueError(f"Option pretrained={options.model.pretrained!r}: its config cannot be loaded "
                              f"({brief(error)}).") from None
     try:
-        for key, value in options.model_overrides.items():  # the config's fields are typed (strict dataclasses)
+        for key, value in options.model.model_overrides.items():  # the config's fields are typed (strict dataclasses)
             setattr(config, key, value)
     except (ValueError, TypeError, StrictDataclassError) as error:
-        raise ValueError(f"Option model_overrides={options.model_overrides!r}: {brief(error)}") from None
+        raise ValueError(f"Option model_overrides={options.model.model_overrides!r}: {brief(error)}") from None
     return config
 
 
@@ -90,22 +92,22 @@ def brief(error: BaseException, limit: int = 300) -> str:
 def check_preset_model(options, text_config) -> None:
     """A preset's model builds with these options, its head's options checked against its sizes
     (`text_config` with the trained tokenizer's vocabulary), on the meta device: nothing allocated."""
-    if not options.model_preset:
+    if not options.model.model_preset:
         return
     import torch
 
     from hf_outheads import OutHeadsConfig
 
     config = copy.deepcopy(text_config)
-    if options.tokenizer in TRAINABLE and "vocab_size" not in options.model_overrides:
-        config.vocab_size = options.tokenizer_vocab_size
-    head = options.head_spec()
+    if options.model.tokenizer in TRAINABLE and "vocab_size" not in options.model.model_overrides:
+        config.vocab_size = options.model.tokenizer_vocab_size
+    head = options.model.head
     try:
         with torch.device("meta"):
-            model_class(options.task)(OutHeadsConfig(text_config=config, head_type=head.head_type,
+            model_class(options.model.task)(OutHeadsConfig(text_config=config, head_type=head.head_type,
                                                      head_options=head.options))
     except (ValueError, TypeError, StrictDataclassError) as error:
-        raise ValueError(f"The {options.model_preset} model cannot be built with these options: "
+        raise ValueError(f"The {options.model.model_preset} model cannot be built with these options: "
                          f"{brief(error)}") from None
 
 
@@ -118,7 +120,7 @@ def check_loss_kernel(options) -> None:
     """Every fused-loss kernel the head options name (`loss_kernel`, the shared head's too) can run
     on this machine, rather than failing at the first training step."""
     device = "cuda" if has_accelerator() else "cpu"
-    head = options.head_spec()
+    head = options.model.head
     named, todo = [], [head.spelt_out()] if head.head_type else []
     while todo:  # options, and the options of a head they hold (`mtp`'s shared head)
         values = todo.pop()
@@ -133,21 +135,21 @@ def check_loss_kernel(options) -> None:
 
 def check_generation_metrics(options) -> None:
     """Generation metrics are modules shipped in training/metrics (`evaluation.METRIC_KEYS`), for a seq2seq run."""
-    unknown = sorted(set(options.generation_metrics) - set(METRIC_KEYS))
+    unknown = sorted(set(options.training.generation_metrics) - set(METRIC_KEYS))
     if unknown:
         raise ValueError(f"Option generation_metrics: unknown metric(s) {unknown}. Valid metrics: {sorted(METRIC_KEYS)}.")
-    if options.generation_metrics and options.task != "seq2seq":
+    if options.training.generation_metrics and options.model.task != "seq2seq":
         raise ValueError("Option generation_metrics (BLEU, chrF, ROUGE) applies to task: seq2seq.")
 
 
 def check_checkpoint(options) -> None:
-    """Refuse the checkpoint `options.resume` points at when it was written for another head
+    """Refuse the checkpoint `options.training.resume` points at when it was written for another head
     type or backbone family."""
-    checkpoint = checkpoint_to_resume(options.output_dir, options.resume)
+    checkpoint = checkpoint_to_resume(options.training.output_dir, options.training.resume)
     if checkpoint is None:
         return
     saved = json.loads((checkpoint / MARKER).read_text()).get("model", {})
-    planned = {"head_type": options.head_spec().head_type, "backbone": planned_backbone(options)}
+    planned = {"head_type": options.model.head.head_type, "backbone": planned_backbone(options)}
     different = [key for key, value in planned.items() if None not in (value, saved.get(key)) and value != saved[key]]
     if different:
         describe = lambda model: f"head '{model.get('head_type')}' on a {model.get('backbone') or '?'} backbone"
@@ -160,13 +162,13 @@ def check_checkpoint(options) -> None:
 def check_hub(options) -> None:
     """`push_to_hub` needs the Hub: not offline, a token, and the Hub reachable with it, checked
     before training rather than after it."""
-    if not options.push_to_hub:
+    if not options.training.push_to_hub:
         return
     from huggingface_hub import HfApi, constants, get_token
 
     dry_run = ("To train now and publish later, drop --push_to_hub: the run writes the card it would push to "
-               f"{options.output_dir}/README.md (its usage code names --hub_model_id when given), and "
-               f"`hf upload <repo_id> {options.output_dir} --exclude 'checkpoints/*'` uploads it once the Hub is reachable.")
+               f"{options.training.output_dir}/README.md (its usage code names --hub_model_id when given), and "
+               f"`hf upload <repo_id> {options.training.output_dir} --exclude 'checkpoints/*'` uploads it once the Hub is reachable.")
     if constants.is_offline_mode():
         raise ValueError(f"push_to_hub needs the Hub, and HF_HUB_OFFLINE is set. {dry_run}")
     if not get_token():

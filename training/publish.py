@@ -13,10 +13,10 @@ from huggingface_hub import EvalResult, HfApi, ModelCard
 
 from hf_outheads.model_card import build_model_card, citation_section, pipeline_tag
 
-from .data import BUILT_CORPORA, corpus_config
-from .evaluation import SAMPLING
-from .options import CONFIG_FILE, saved_options
-from .tracking import RESULTS_FILE, read_metrics
+from hf_outheads.training.data import BUILT_CORPORA, corpus_config
+from hf_outheads.training.evaluation import SAMPLING
+from hf_outheads.training.options import CONFIG_FILE, saved_options
+from hf_outheads.training.tracking import RESULTS_FILE, read_metrics
 
 CURVE_FILE = "training_curve.png"
 # eval key -> (model-index metric type, display name); BLEU etc. are on sacrebleu's 0-100 scale
@@ -37,8 +37,9 @@ TASK_HYPERPARAMETERS = {"causal_lm": ("block_size",), "seq2seq": ("max_source_le
 
 
 def hyperparameters(options) -> dict:
-    values = {key: getattr(options, key) for key in HYPERPARAMETERS + TASK_HYPERPARAMETERS[options.task]}
-    if options.max_steps is not None:
+    flat = options.flat()
+    values = {key: flat[key] for key in HYPERPARAMETERS + TASK_HYPERPARAMETERS[options.model.task]}
+    if options.training.max_steps is not None:
         values.pop("num_train_epochs")
     if values["dropout"] is None:
         values["dropout"] = "backbone default"
@@ -85,26 +86,26 @@ STDLIB_TASKS = {  # stdlib_docstrings config -> what the run learnt
 
 def dataset_description(options) -> tuple[str, str]:
     """(model-index dataset type, prose)."""
-    if options.dataset_name == "stdlib_docstrings":
-        return "stdlib_docstrings", f"Built in: {STDLIB_TASKS[corpus_config(options)]} (`training/stdlib_corpus.py`)."
-    if options.dataset_name in BUILT_CORPORA:  # built on the machine from Debian packages: its module says what it is
-        module = sys.modules[BUILT_CORPORA[options.dataset_name][0].__module__]
+    data = options.data
+    if data.dataset_name == "stdlib_docstrings":
+        return "stdlib_docstrings", f"Built in: {STDLIB_TASKS[corpus_config(options)]} (`training/corpora/stdlib.py`)."
+    if data.dataset_name in BUILT_CORPORA:  # built on the machine from Debian packages: its module says what it is
+        module = sys.modules[BUILT_CORPORA[data.dataset_name][0].__module__]
         summary = " ".join(module.__doc__.split("\n\n")[0].split())
-        return options.dataset_name, (f"Built on the machine by `{module.__name__}`, config `{corpus_config(options)}`: "
-                                      f"{summary}")
-    if options.dataset_name:
-        config = f" (`{options.dataset_config}`)" if options.dataset_config else ""
-        return options.dataset_name, f"The Hub dataset `{options.dataset_name}`{config}, split `{options.train_split}`."
-    return "local", f"Local files: `{options.data_files}`."
+        return data.dataset_name, f"Built on the machine by `{module.__name__}`, config `{corpus_config(options)}`: {summary}"
+    if data.dataset_name:
+        config = f" (`{data.dataset_config}`)" if data.dataset_config else ""
+        return data.dataset_name, f"The Hub dataset `{data.dataset_name}`{config}, split `{data.train_split}`."
+    return "local", f"Local files: `{data.data_files}`."
 
 
 def run_sections(model, tokenizer, options, results, output_dir: Path, data_prose: str) -> dict[str, str]:
     """The run's sections of the card: data, procedure (and the training curve), evaluation
     results and sample, and the head's papers with BibTeX (the head class's `papers`)."""
     text = model.config.text_config
-    backbone = (f"converted from `{options.pretrained}` with `from_backbone`" if options.pretrained
-                else f"the `{options.model_preset}` preset (`{text.model_type}`), randomly initialised")
-    sections = {"Training data": f"{data_prose}\n\nBackbone: {backbone}. Tokenizer: {options.tokenizer} "
+    backbone = (f"converted from `{options.model.pretrained}` with `from_backbone`" if options.model.pretrained
+                else f"the `{options.model.model_preset}` preset (`{text.model_type}`), randomly initialised")
+    sections = {"Training data": f"{data_prose}\n\nBackbone: {backbone}. Tokenizer: {options.model.tokenizer} "
                                  f"({len(tokenizer):,} tokens)."}
     rows = "".join(f"| {key} | {value} |\n" for key, value in hyperparameters(options).items())
     curve = "\n![training curve](training_curve.png)\n" if (output_dir / CURVE_FILE).exists() else ""
@@ -112,7 +113,7 @@ def run_sections(model, tokenizer, options, results, output_dir: Path, data_pros
     table = "".join(f"| {name} | {results[key]:.4g} |\n" for key, (_, name) in CARD_METRICS.items() if key in results)
     sample = results.get("sample") or (results.get("samples") or [{}])[0].get("prediction")
     sections["Evaluation results"] = (
-        f"On the `{options.validation_split}` split ({results.get('eval_examples')} examples, "
+        f"On the `{options.data.validation_split}` split ({results.get('eval_examples')} examples, "
         f"{results.get('eval_tokens')} tokens):\n\n| metric | value |\n| --- | --- |\n{table}"
         + (f"\nA generated sample:\n\n```text\n{sample}\n```\n" if sample else ""))
     citation = citation_section(model.config.head_type)
@@ -126,21 +127,22 @@ def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCa
     rule: never a local path) with the run's sections, the results as its model-index, and
     usage code that generates the card's sample again; no network (no validate())."""
     dataset_type, data_prose = dataset_description(options)
-    auto_class = "AutoModelForCausalLM" if options.task == "causal_lm" else "AutoModelForSeq2SeqLM"
+    data, training = options.data, options.training
+    auto_class = "AutoModelForCausalLM" if options.model.task == "causal_lm" else "AutoModelForSeq2SeqLM"
     task_type = pipeline_tag(auto_class)
     evals = [
         EvalResult(task_type=task_type, dataset_type=dataset_type, dataset_name=dataset_type,
-                   dataset_config=corpus_config(options) if options.dataset_name in BUILT_CORPORA else options.dataset_config,
-                   dataset_split=options.validation_split,
+                   dataset_config=corpus_config(options) if data.dataset_name in BUILT_CORPORA else data.dataset_config,
+                   dataset_split=data.validation_split,
                    metric_type=metric_type, metric_name=name, metric_value=round(float(results[key]), 4))
         for key, (metric_type, name) in CARD_METRICS.items() if key in results
     ]
-    repo_id = options.hub_model_id or str(output_dir)
+    repo_id = training.hub_model_id or str(output_dir)
     return build_model_card(
         model, repo_id, usage=usage_code(options, results, auto_class, repo_id),
         sections=run_sections(model, tokenizer, options, results, output_dir, data_prose),
-        model_name=Path(options.hub_model_id or options.output_dir).name, license=options.license,
-        datasets=[options.dataset_name] if options.dataset_name and options.dataset_name != "stdlib_docstrings" else None,
+        model_name=Path(training.hub_model_id or training.output_dir).name, license=training.license,
+        datasets=[data.dataset_name] if data.dataset_name and data.dataset_name != "stdlib_docstrings" else None,
         eval_results=evals,
     )
 
@@ -149,15 +151,16 @@ def usage_code(options, results, auto_class: str, repo_id: str) -> str:
     """Code that generates the card's sample again: the causal LM's sample with its prompt,
     seed and sampling settings (`evaluation.sample_text`), the seq2seq example with the
     greedy or beam decoding of the evaluation (`evaluation.generate_texts`), source ended by eos."""
-    if options.task == "causal_lm":
+    if options.model.task == "causal_lm":
         text = json.dumps(results.get("sample_prompt") or (results.get("sample") or "The")[:30])
         settings = ", ".join(f"{key}={value!r}" for key, value in SAMPLING.items())
-        call = (f"torch.manual_seed({options.seed})  # the card's sample is sampled: the same seed gives it again\n"
-                f"output = model.generate(**inputs, max_new_tokens={results.get('sample_max_new_tokens', options.sample_max_new_tokens)}, {settings})")
+        new_tokens = results.get("sample_max_new_tokens", options.training.sample_max_new_tokens)
+        call = (f"torch.manual_seed({options.training.seed})  # the card's sample is sampled: the same seed gives it again\n"
+                f"output = model.generate(**inputs, max_new_tokens={new_tokens}, {settings})")
     else:
         text = json.dumps(results["samples"][0]["source"]) + " + tokenizer.eos_token" if results.get("samples") else '"..."'
-        call = (f"output = model.generate(**inputs, max_new_tokens={options.max_target_length}, "
-                f"num_beams={options.generation_num_beams}, do_sample=False)")
+        call = (f"output = model.generate(**inputs, max_new_tokens={options.data.max_target_length}, "
+                f"num_beams={options.training.generation_num_beams}, do_sample=False)")
     return f"""import torch
 import hf_outheads  # registers the outheads model type with the Auto classes
 from transformers import {auto_class}, AutoTokenizer
@@ -186,7 +189,7 @@ def push_to_hub(model, tokenizer, output_dir: Path, repo_id: str, private: bool)
 def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
     """Everything a run leaves in output_dir; prints where the card is. `state_dict`: the full
     weights (`accelerator.get_state_dict`, needed when the model is sharded); None: the model's."""
-    output_dir = Path(options.output_dir)
+    output_dir = Path(options.training.output_dir)
     model.save_pretrained(output_dir, state_dict=state_dict)
     tokenizer.save_pretrained(output_dir)
     (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
@@ -195,8 +198,9 @@ def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
     card = render_card(model, tokenizer, options, results, output_dir)
     card.save(output_dir / "README.md")
     print(summary(options, results, output_dir))
-    if options.push_to_hub:
-        repo = push_to_hub(model, tokenizer, output_dir, options.hub_model_id or output_dir.name, options.hub_private)
+    if options.training.push_to_hub:
+        training = options.training
+        repo = push_to_hub(model, tokenizer, output_dir, training.hub_model_id or output_dir.name, training.hub_private)
         print(f"Pushed to https://huggingface.co/{repo}")
     return output_dir / "README.md"
 

@@ -15,25 +15,25 @@ With no other option the quickstart checks its figures against the stated ones (
 
 from __future__ import annotations
 
-if not __package__:  # run by path (`python training/quickstart.py`): its modules are the installed package's
-    __package__ = "hf_outheads.training"
-
+import argparse
+import dataclasses
 import json
 import os
 import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from .command_line import CommandParser, refuse
-from .safeguards import earlier_work
+from hf_outheads.head_options import DeclaredOptions, choice, flag, text
+from hf_outheads.training.command_line import CommandParser, add_declared, declared_values, refuse
+from hf_outheads.training.safeguards import earlier_work
 
 HERE = Path(__file__).resolve().parent  # training/ in a checkout, hf_outheads/training installed
+CHECKOUT = (HERE.parent / "hf_outheads" / "__init__.py").is_file()  # this folder is a repository's training/
 TASKS = {"lm": HERE / "configs" / "quickstart_lm.yaml", "seq2seq": HERE / "configs" / "quickstart_seq2seq.yaml"}
-TRAIN = f"{__package__}.train"  # training.train (`python -m training.quickstart`) or hf_outheads.training.train
+TRAIN = "hf_outheads.training.train"
 
 # The figures the quickstart states (training/README.md, "What the quickstart shows") and checks, with a
 # tolerance that holds across machines: the same Python (the corpus is its standard library) and torch give
@@ -49,22 +49,29 @@ EXPECTED_PYTHON = (3, 11)
 BEATS_COPY = {"seq2seq": ("eval_sacrebleu", "eval_chrf")}
 
 
+@dataclass(frozen=True)
+class QuickstartOptions(DeclaredOptions):
+    """Which quickstart runs, and where."""
+
+    task: str = choice("both", (*TASKS, "both"), help="Which quickstart to run.")
+    output_root: str = text("outputs", help="Folder that receives quickstart_lm/ and quickstart_seq2seq/.")
+    overwrite_output_dir: bool = flag(False, help=(
+        "true: replace an earlier quickstart's models in output_root (false: keep them and stop)."))
+
+
 def parse_args(argv=None):
-    parser = CommandParser(description=__doc__)
-    parser.add_argument("--task", choices=[*TASKS, "both"], default="both", help="Which quickstart to run.")
-    parser.add_argument("--output_root", default="outputs", help="Folder that receives quickstart_lm/ and quickstart_seq2seq/.")
-    parser.add_argument("--overwrite_output_dir", nargs="?", const="true", default="false",
-                        help="true: replace an earlier quickstart's models in output_root (false: keep them and stop).")
-    parser.epilog = ("Any other --key value options are passed to train.py (e.g. --head_type drill); the figures are "
-                     "checked only without them.")
-    args, args.overrides = parser.parse_known_args(argv)  # argparse.REMAINDER would refuse a leading --key
+    """The `QuickstartOptions` (as the namespace's attributes) and, in `overrides`, the other
+    `--key value` options, which go to train.py."""
+    parser = CommandParser(description=__doc__, epilog=(
+        "Any other --key value options are passed to train.py (e.g. --head_type drill); the figures are checked only "
+        "without them."))
+    add_declared(parser, QuickstartOptions)
+    args, overrides = parser.parse_known_args(argv)  # argparse.REMAINDER would refuse a leading --key
     try:
-        args.overwrite_output_dir = yaml.safe_load(args.overwrite_output_dir)
-    except yaml.YAMLError:
-        pass  # refused as not a bool below
-    if not isinstance(args.overwrite_output_dir, bool):
-        parser.error(f"--overwrite_output_dir must be true or false, got {args.overwrite_output_dir!r}")
-    return args
+        options = QuickstartOptions(**declared_values(QuickstartOptions, vars(args)))
+    except ValueError as error:
+        parser.error(str(error))
+    return argparse.Namespace(**dataclasses.asdict(options), overrides=overrides)
 
 
 # one process, full precision, whatever `accelerate config` set up: the run the READMEs' numbers are of
@@ -74,14 +81,14 @@ LAUNCH_ARGS = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision
 def by_hand_command(task: str, output_dir: Path, overrides: list[str]) -> list[str]:
     """The command that runs quickstart `task` as the quickstart does: from the repository root
     (`training/train.py` by path), or from any folder with the package installed."""
-    script = ["training/train.py"] if TRAIN == "training.train" else ["-m", TRAIN]
+    script = ["training/train.py"] if CHECKOUT else ["-m", TRAIN]
     return ["accelerate", "launch", *LAUNCH_ARGS, *script, "--config", f"training/configs/{TASKS[task].name}",
             "--output_dir", str(output_dir), "--resume", "never", *overrides]
 
 
 def launch_command(task: str, output_dir: Path, overrides: list[str]) -> list[str]:
-    """`by_hand_command` with this interpreter's accelerate and absolute paths (any working directory:
-    `main` puts the repository on the run's PYTHONPATH when `training` is not the installed package)."""
+    """`by_hand_command` with this interpreter's accelerate, the script as a module and absolute paths
+    (any working directory)."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--quiet", *LAUNCH_ARGS, "-m", TRAIN,
             "--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never", *overrides]
 
@@ -102,7 +109,7 @@ def check_figures(task: str, results: dict) -> list[str]:
 def check_options(output_dirs: dict, overrides: list[str]) -> None:
     """Each task's train.py options, checked as train.py checks them (`train.parse_args`: one line
     and exit status 2 for a wrong one) before any task trains."""
-    from .train import parse_args as train_options
+    from hf_outheads.training.train import parse_args as train_options
 
     for task, output_dir in output_dirs.items():
         train_options(["--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never", *overrides])
@@ -122,8 +129,6 @@ def main(argv=None):
     overrides = [*args.overrides, *(["--overwrite_output_dir", "true"] if args.overwrite_output_dir else [])]
     check_options(output_dirs, overrides)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if TRAIN == "training.train":  # the checkout's `training`, importable from its root
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
     off = []
     for task, output_dir in output_dirs.items():
         print(f"\n=== quickstart {task}: {TASKS[task].name} -> {output_dir}\n=== by hand: "

@@ -118,4 +118,5 @@ def context_length(options, positions: int | None) -> int:
     the lengths it was trained on."""
     if positions:
         return positions
-    return options.block_size if options.task == "causal_lm" else max(options.max_source_length, options.max_target_length)
+    data = options.data
+    return data.block_size if options.model.task == "causal_lm" else max(data.max_source_length, data.max_target_length)

@@ -9,9 +9,6 @@ on which head it is. `hf-outheads train --help` lists every option.
 
 from __future__ import annotations
 
-if not __package__:  # run by path (`accelerate launch training/train.py`): its modules are the installed package's
-    __package__ = "hf_outheads.training"
-
 import contextlib
 import math
 import os
@@ -29,19 +26,22 @@ from transformers import DataCollatorForSeq2Seq, get_scheduler
 
 from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
-from . import data as data_lib
-from .checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from .command_line import refuse
-from .evaluation import copy_scores, evaluate_perplexity, fit_to_context, generate_texts, generation_scores, sample_text
-from .launching import accelerator_settings, check_process_count, check_sharding, first_process
-from .loop import train_loop
-from .modeling import build_model, parameter_counts, position_limit, step_flops
-from .options import TrainOptions, parse_options
-from .preflight import check_run
-from .publish import finish_run
-from .safeguards import EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work, release_run_locks
-from .tokenization import TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer, train_tokenizer
-from .tracking import MetricsLog, Progress, trackers
+from hf_outheads.training import data as data_lib
+from hf_outheads.training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from hf_outheads.training.command_line import refuse
+from hf_outheads.training.evaluation import (copy_scores, evaluate_perplexity, fit_to_context, generate_texts,
+                                             generation_scores, sample_text)
+from hf_outheads.training.launching import accelerator_settings, check_process_count, check_sharding, first_process
+from hf_outheads.training.loop import train_loop
+from hf_outheads.training.modeling import build_model, parameter_counts, position_limit, step_flops
+from hf_outheads.training.options import RunOptions, parse_options
+from hf_outheads.training.preflight import check_run
+from hf_outheads.training.publish import finish_run
+from hf_outheads.training.safeguards import (EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work,
+                                             release_run_locks)
+from hf_outheads.training.tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer,
+                                               train_tokenizer)
+from hf_outheads.training.tracking import MetricsLog, Progress, trackers
 
 
 class InputError(ValueError):
@@ -86,16 +86,17 @@ def parse_args(argv=None):
 def get_tokenizer(accelerator, options, train_split, resuming: bool):
     """The pretrained model's tokenizer, a named one, or one trained here (on the main
     process, saved to output_dir, then loaded by the others; reused when resuming)."""
-    if options.tokenizer not in TRAINABLE:
-        return load_pretrained_tokenizer(options.pretrained if options.tokenizer == "auto" else options.tokenizer)
-    saved = Path(options.output_dir) / "tokenizer.json"
+    model = options.model
+    if model.tokenizer not in TRAINABLE:
+        return load_pretrained_tokenizer(model.pretrained if model.tokenizer == "auto" else model.tokenizer)
+    saved = Path(options.training.output_dir) / "tokenizer.json"
     if accelerator.is_main_process and not (resuming and saved.exists()):
         texts = data_lib.training_texts(train_split, options)
-        tokenizer = train_tokenizer(texts, options.tokenizer, options.tokenizer_vocab_size,
-                                    options.tokenizer_min_frequency, options.tokenizer_lowercase)
-        tokenizer.save_pretrained(options.output_dir)
+        tokenizer = train_tokenizer(texts, model.tokenizer, model.tokenizer_vocab_size, model.tokenizer_min_frequency,
+                                    model.tokenizer_lowercase)
+        tokenizer.save_pretrained(options.training.output_dir)
     accelerator.wait_for_everyone()
-    return load_saved_tokenizer(options.output_dir, auto=False)
+    return load_saved_tokenizer(options.training.output_dir, auto=False)
 
 
 def get_dataloaders(accelerator, options, tokenizer, train_split, validation_split):
@@ -107,34 +108,34 @@ def get_dataloaders(accelerator, options, tokenizer, train_split, validation_spl
     with accelerator.main_process_first():
         train, validation = data_lib.tokenised_splits(train_split, validation_split, tokenizer, options)
     collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=None)
-    streaming = not hasattr(train, "__len__")
-    loading = dict(collate_fn=collator, num_workers=options.dataloader_num_workers, pin_memory=torch.cuda.is_available())
-    train_dl = DataLoader(train, shuffle=not streaming, batch_size=options.per_device_train_batch_size,
-                          drop_last=bool(options.torch_compile),
-                          persistent_workers=options.dataloader_num_workers > 0 and not streaming, **loading)
-    eval_dl = DataLoader(validation, batch_size=options.per_device_eval_batch_size, **loading)
+    streaming, training = not hasattr(train, "__len__"), options.training
+    loading = dict(collate_fn=collator, num_workers=training.dataloader_num_workers, pin_memory=torch.cuda.is_available())
+    train_dl = DataLoader(train, shuffle=not streaming, batch_size=training.per_device_train_batch_size,
+                          drop_last=bool(training.torch_compile),
+                          persistent_workers=training.dataloader_num_workers > 0 and not streaming, **loading)
+    eval_dl = DataLoader(validation, batch_size=training.per_device_eval_batch_size, **loading)
     gen_dl = None
-    if options.generation_metrics:  # (a seq2seq run's: `preflight.check_generation_metrics`)
+    if training.generation_metrics:  # (a seq2seq run's: `preflight.check_generation_metrics`)
         subset = validation
-        if options.num_generation_examples is not None:
-            subset = validation.take(options.num_generation_examples) if streaming else validation.select(
-                range(min(options.num_generation_examples, len(validation))))
-        gen_dl = DataLoader(subset, batch_size=options.per_device_eval_batch_size, **loading)
+        if training.num_generation_examples is not None:
+            subset = validation.take(training.num_generation_examples) if streaming else validation.select(
+                range(min(training.num_generation_examples, len(validation))))
+        gen_dl = DataLoader(subset, batch_size=training.per_device_eval_batch_size, **loading)
     return train_dl, eval_dl, gen_dl, (None if streaming else len(validation))
 
 
 def make_optimizer(model, options, fused: bool = False):
     """AdamW (torch's fused kernel when `fused`); no weight decay on 1-d parameters (biases, norms);
     the head's own parameters (not the shared embedding E) at `head_learning_rate` when it is set."""
-    head = {id(p) for p in model.head.parameters()}
+    head, training = {id(p) for p in model.head.parameters()}, options.training
     groups = []
-    for in_head, lr in ((False, options.learning_rate), (True, options.head_learning_rate or options.learning_rate)):
-        for matrix, decay in ((True, options.weight_decay), (False, 0.0)):
+    for in_head, lr in ((False, training.learning_rate), (True, training.head_learning_rate or training.learning_rate)):
+        for matrix, decay in ((True, training.weight_decay), (False, 0.0)):
             params = [p for p in model.parameters()
                       if p.requires_grad and (id(p) in head) == in_head and (p.ndim >= 2) == matrix]
             if params:
                 groups.append({"params": params, "weight_decay": decay, "lr": lr})
-    return torch.optim.AdamW(groups, lr=options.learning_rate, betas=(options.adam_beta1, options.adam_beta2),
+    return torch.optim.AdamW(groups, lr=training.learning_rate, betas=(training.adam_beta1, training.adam_beta2),
                              fused=fused or None)
 
 
@@ -149,22 +150,24 @@ def batches_per_epoch(dataloader) -> int | None:
 
 def total_steps(options, train_dl) -> int:
     """Optimizer steps: max_steps, or num_train_epochs over this process's prepared dataloader."""
-    if options.max_steps is not None:
-        return options.max_steps
+    training = options.training
+    if training.max_steps is not None:
+        return training.max_steps
     batches = batches_per_epoch(train_dl)
     if batches is None:
         raise ValueError("A streamed dataset has no length: set max_steps.")
-    return math.ceil(options.num_train_epochs * math.ceil(batches / options.gradient_accumulation_steps))
+    return math.ceil(training.num_train_epochs * math.ceil(batches / training.gradient_accumulation_steps))
 
 
 def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final: bool = False, bands=None) -> dict:
-    results = evaluate_perplexity(accelerator, model, eval_dl, options.task, bands)
+    results = evaluate_perplexity(accelerator, model, eval_dl, options.model.task, bands)
     if gen_dl is not None:
         sources, predictions, references = generate_texts(accelerator, model, gen_dl, tokenizer, options)
         results["eval_generated"] = len(predictions)
         if accelerator.is_main_process:
-            results.update(generation_scores(options.generation_metrics, predictions, references))
-            results.update(copy_scores(options.generation_metrics, sources, references, options.source_prefix))
+            metrics = options.training.generation_metrics
+            results.update(generation_scores(metrics, predictions, references))
+            results.update(copy_scores(metrics, sources, references, options.data.source_prefix))
             if final:
                 results["samples"] = [{"source": s, "prediction": p, "reference": r}
                                       for s, p, r in list(zip(sources, predictions, references))[:5]]
@@ -177,31 +180,32 @@ def accelerator_for(options) -> Accelerator:
     on a CPU-only machine form a CPU process group, and a launch asking for FSDP or DeepSpeed shards
     or stops (`launching.accelerator_settings`, `launching.check_sharding`). The output_dir is claimed
     (`claim_output_dir`) before a tracker writes to it."""
-    log_with = trackers(options.report_to)
+    training = options.training
+    log_with = trackers(training.report_to)
     accelerator = Accelerator(
-        mixed_precision=options.mixed_precision, log_with=log_with or None,
-        gradient_accumulation_steps=options.gradient_accumulation_steps,
-        project_config=ProjectConfiguration(project_dir=options.output_dir),
+        mixed_precision=training.mixed_precision, log_with=log_with or None,
+        gradient_accumulation_steps=training.gradient_accumulation_steps,
+        project_config=ProjectConfiguration(project_dir=training.output_dir),
         # batches pinned on a GPU (`get_dataloaders`) are copied to it without the host waiting for the device
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=torch.cuda.is_available()),
         **accelerator_settings(),
     )
     try:
         check_sharding(accelerator)
-        if options.torch_compile and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        if training.torch_compile and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
             raise ValueError(f"torch_compile is not supported with {accelerator.distributed_type.value} here: launch "
                              "without --torch_compile, or without the sharding config.")
-        if accelerator.gradient_accumulation_steps != options.gradient_accumulation_steps:
+        if accelerator.gradient_accumulation_steps != training.gradient_accumulation_steps:
             raise ValueError(f"The accelerate config sets gradient_accumulation_steps to "
                              f"{accelerator.gradient_accumulation_steps}, this run's options to "
-                             f"{options.gradient_accumulation_steps}: remove it from the accelerate config (or set "
+                             f"{training.gradient_accumulation_steps}: remove it from the accelerate config (or set "
                              "both the same); train.py's option sets it.")
     except ValueError as error:
         raise refusal(error) from None
     check_process_count(accelerator)
     claim_output_dir(accelerator, options)
     if log_with:
-        accelerator.init_trackers("train", config={k: v for k, v in vars(options).items()
+        accelerator.init_trackers("train", config={k: v for k, v in options.flat().items()
                                                    if isinstance(v, (int, float, str, bool))})
     return accelerator
 
@@ -211,13 +215,13 @@ def claim_output_dir(accelerator, options) -> None:
     (`lock_output_dir`) and checks that the run replaces nothing it was not told to replace
     (`safeguards.earlier_work`); a refusal stops every process of the launch together. The folders
     it makes are removed with the lock when the run ends leaving them empty (`RunLock.release`)."""
-    refused = None
+    refused, output_dir = None, options.training.output_dir
     if accelerator.is_main_process:
         try:
-            missing = [p for p in (Path(options.output_dir), *Path(options.output_dir).parents) if not p.exists()]
-            os.makedirs(options.output_dir, exist_ok=True)
-            lock_output_dir(options.output_dir).made = missing[-1] if missing else None
-            work = None if options.overwrite_output_dir else earlier_work(options.output_dir)
+            missing = [p for p in (Path(output_dir), *Path(output_dir).parents) if not p.exists()]
+            os.makedirs(output_dir, exist_ok=True)
+            lock_output_dir(output_dir).made = missing[-1] if missing else None
+            work = None if options.training.overwrite_output_dir else earlier_work(output_dir)
             if work:
                 raise EarlierWork(f"{work}. Keep it with another --output_dir, or replace it with "
                                   "--overwrite_output_dir true.")
@@ -247,12 +251,12 @@ def resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps: in
         progress = Progress(**load_checkpoint(accelerator, model, checkpoint))
         accelerator.print(f"Resumed from {checkpoint} (step {progress.step})")
         if progress.step >= max_steps:
-            accelerator.print(f"The run in {options.output_dir} had already finished (step {progress.step} of "
+            accelerator.print(f"The run in {options.training.output_dir} had already finished (step {progress.step} of "
                               f"{max_steps}): nothing is trained; it is evaluated and saved again. To train anew, "
                               "use another --output_dir or --resume never.")
         return progress
     if accelerator.is_main_process:
-        shutil.rmtree(Path(options.output_dir) / "checkpoints", ignore_errors=True)
+        shutil.rmtree(Path(options.training.output_dir) / "checkpoints", ignore_errors=True)
     accelerator.wait_for_everyone()
     return Progress()
 
@@ -261,7 +265,7 @@ def resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps: in
 class PreparedRun:
     """Everything a run uses, prepared by accelerate (`prepare_run`)."""
 
-    options: TrainOptions
+    options: RunOptions
     accelerator: Accelerator
     tokenizer: object
     model: torch.nn.Module
@@ -282,23 +286,24 @@ class PreparedRun:
 def prepare_run(options) -> PreparedRun:
     """Accelerator, data, tokenizer, model, optimizer and schedule, prepared; resumed from the
     latest checkpoint when there is one. fp32 matrix products may use TF32 on a GPU."""
-    accelerator = accelerator_for(options)  # claims output_dir before anything in it is written or removed
+    accelerator, training = accelerator_for(options), options.training  # claims output_dir before anything in it is written
     torch.backends.cuda.matmul.allow_tf32 = True  # (the legacy switch: inductor reads the precision through it)
-    set_seed(options.seed)
-    checkpoint = checkpoint_to_resume(options.output_dir, options.resume)
+    set_seed(training.seed)
+    checkpoint = checkpoint_to_resume(training.output_dir, training.resume)
     with accelerator.main_process_first():
         train_split, validation_split = data_lib.select_splits(data_lib.load_raw(options), options)
     tokenizer = get_tokenizer(accelerator, options, train_split, checkpoint is not None)
-    train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split, validation_split)
+    train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split,
+                                                              validation_split)
     model = build_model(options, tokenizer)
     tokenizer.model_max_length = context_length(options, position_limit(model))  # saved with the model
     word_counts = torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size))
     model.head.set_word_counts(word_counts)
     if tokenizer.pad_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    if options.gradient_checkpointing:
+    if training.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    if options.torch_compile:
+    if training.torch_compile:
         model.compile()  # in place: the same parameters, state-dict keys and save_pretrained
     fused = accelerator.device.type == "cuda" and accelerator.distributed_type != DistributedType.DEEPSPEED
     counts, optimizer = parameter_counts(model), make_optimizer(model, options, fused)
@@ -306,16 +311,16 @@ def prepare_run(options) -> PreparedRun:
     model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
     if batches_per_epoch(train_dl) == 0:  # a compiled run drops a short last batch
         raise ValueError(f"The training set has fewer examples than one batch of every process "
-                         f"({options.per_device_train_batch_size} x {accelerator.num_processes}), and a compiled run "
+                         f"({training.per_device_train_batch_size} x {accelerator.num_processes}), and a compiled run "
                          "(torch_compile) trains on full batches only: lower per_device_train_batch_size or add "
                          "training data.")
     max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
     scheduler = accelerator.prepare(get_scheduler(  # accelerate steps it once per process
-        options.lr_scheduler_type, optimizer, num_warmup_steps=options.warmup_steps * accelerator.num_processes,
+        training.lr_scheduler_type, optimizer, num_warmup_steps=training.warmup_steps * accelerator.num_processes,
         num_training_steps=max_steps * accelerator.num_processes))
     gen_dl = accelerator.prepare(gen_dl) if gen_dl is not None else None
     progress = resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps)
-    log = MetricsLog(accelerator, options.output_dir)
+    log = MetricsLog(accelerator, training.output_dir)
     log.truncate_after(progress.step if progress.step else -1)  # a fresh run starts a fresh log
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
@@ -330,7 +335,7 @@ def prepare_run(options) -> PreparedRun:
 def eager(options):
     """Where a compiled run (`torch_compile`) evaluates and generates: eagerly, so that evaluation
     batches and every generation length cost no compilation (`torch.compiler.set_stance`, torch >= 2.6)."""
-    if options.torch_compile and hasattr(torch.compiler, "set_stance"):
+    if options.training.torch_compile and hasattr(torch.compiler, "set_stance"):
         return torch.compiler.set_stance("force_eager")
     return contextlib.nullcontext()
 
@@ -342,21 +347,21 @@ def steady_step_time(step_times: list[float], options) -> float:
     """Mean seconds of the steps after the warm-up: the first step, or with `torch_compile` the
     first `COMPILE_STEPS` (when the run has more). A mean, not a median: no step waits for the
     device, so a step's wall time is not its device time, but their sum is."""
-    warm = COMPILE_STEPS if options.torch_compile and len(step_times) > 2 * COMPILE_STEPS else 1
+    warm = COMPILE_STEPS if options.training.torch_compile and len(step_times) > 2 * COMPILE_STEPS else 1
     return sum(step_times[warm:]) / max(len(step_times) - warm, 1)
 
 
 def final_results(run, step_times) -> dict:
-    options, accelerator = run.options, run.accelerator
+    options, accelerator, training = run.options, run.accelerator, run.options.training
     results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True,
                            bands=FrequencyBands(run.word_counts))
     results.update(run.counts, validation_examples=run.n_validation,
                    train_step_time_s=steady_step_time(step_times, options))
-    if options.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
-        prompt = options.sample_prompt or next(iter(run.validation_split))[options.text_column][:40]
+    if options.model.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
+        prompt = training.sample_prompt or next(iter(run.validation_split))[options.data.text_column][:40]
         model = accelerator.unwrap_model(run.model)
-        prompt, new_tokens = fit_to_context(run.tokenizer, prompt, options.sample_max_new_tokens, position_limit(model))
-        sample = sample_text(model, run.tokenizer, prompt, new_tokens, options.seed)
+        prompt, new_tokens = fit_to_context(run.tokenizer, prompt, training.sample_max_new_tokens, position_limit(model))
+        sample = sample_text(model, run.tokenizer, prompt, new_tokens, training.seed)
         if accelerator.is_main_process:  # the card's usage code generates the sample again
             results.update(sample=sample, sample_prompt=prompt, sample_max_new_tokens=new_tokens)
     return results
@@ -368,7 +373,8 @@ def periodic_update_hook(accelerator, model, options) -> tuple:
     the head's statistics are summed over processes with `accelerator.reduce`. Statistics collected
     since the last update are not checkpointed."""
     head = accelerator.unwrap_model(model).head
-    every = options.eval_steps if options.code_reassign_steps is None else options.code_reassign_steps
+    training = options.training
+    every = training.eval_steps if training.code_reassign_steps is None else training.code_reassign_steps
     if not head.updates_periodically or not every:  # 0: no updates, no statistics collected
         return None, None
     head.begin_periodic_updates()
@@ -386,7 +392,7 @@ def training_function(options) -> dict:
 def run_training(options) -> dict:
     with input_checks():
         run = prepare_run(options)
-    accelerator = run.accelerator
+    accelerator, training = run.accelerator, options.training
 
     def evaluate():
         with eager(options):
@@ -394,9 +400,9 @@ def run_training(options) -> dict:
         return {**results, "train_flops": run.progress.step * run.counts["train_flops_per_step"]}
 
     def save():
-        save_checkpoint(accelerator, run.model, options.output_dir, vars(run.progress), options.save_total_limit)
+        save_checkpoint(accelerator, run.model, training.output_dir, vars(run.progress), training.save_total_limit)
 
-    hooks = [(options.eval_steps, evaluate), periodic_update_hook(accelerator, run.model, options)]
+    hooks = [(training.eval_steps, evaluate), periodic_update_hook(accelerator, run.model, options)]
     interrupted, step_times = train_loop(accelerator, options, run.model, run.optimizer, run.scheduler, run.train_dl,
                                          hooks, run.log, run.progress, run.max_steps, save)
     if interrupted:
@@ -431,7 +437,7 @@ def exit_without_teardown() -> None:
     os._exit(0)
 
 
-def main(argv=None, options: TrainOptions | None = None):
+def main(argv=None, options: RunOptions | None = None):
     """Train with `options` (default: parsed from `argv`); a run that cannot go on ends with one message."""
     options = options or parse_args(argv)
     try:

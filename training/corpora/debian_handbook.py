@@ -3,7 +3,7 @@ The English paragraphs of The Debian Administrator's Handbook (Debian package `d
 shuffled (seed 0) and split 95/5 into `train.jsonl` and `validation.jsonl` (`{"text": ...}` lines):
 
     apt-get download debian-handbook && dpkg-deb -x debian-handbook_*.deb /tmp/handbook
-    python -m studies.debian_handbook /tmp/handbook data/debian_handbook
+    python -m hf_outheads.training.corpora.debian_handbook /tmp/handbook data/debian_handbook
 
 (2,764 training paragraphs of 143,785 words, 146 validation paragraphs of 7,498 words; used by
 studies/configs/heldout_debian_handbook_lm.yaml.)

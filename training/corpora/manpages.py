@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
-import os
 import re
 import shlex
-import subprocess
-import tarfile
 from pathlib import Path
 
+from hf_outheads.training.corpora.debian import CACHE_ROOT, deb_members, fetch_packages
+
 PACKAGES = ("manpages", "manpages-dev")
-CACHE = Path(os.environ.get("HF_OUTHEADS_CACHE", Path.home() / ".cache" / "hf_outheads")) / "debian_manpages"
+CACHE = CACHE_ROOT / "debian_manpages"
 ESCAPES = {r"\-": "-", r"\(em": "\u2014", r"\(en": "\u2013", r"\(aq": "'", r"\(dq": '"', r"\(lq": "\u201c",
            r"\(rq": "\u201d", r"\(bu": "\u2022", r"\(co": "\u00a9", r"\e": "\\", r"\&": "", r"\ ": " ", r"\~": " ",
            r"\|": "", r"\^": "", r"\:": "", r"\%": "", r"\c": "", r"\(ga": "`", r"\(ti": "~", r"\(ha": "^",
@@ -79,43 +77,10 @@ def roff_paragraphs(source: str) -> list[str]:
     return [p for p in paragraphs if p.strip()]
 
 
-def _deb_members(deb: bytes):
-    """(path, bytes) of the files in a `.deb`'s data archive."""
-    stream, found = io.BytesIO(deb), None
-    if stream.read(8) != b"!<arch>\n":
-        raise ValueError("not a Debian package (ar archive)")
-    while header := stream.read(60):
-        name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
-        body = stream.read(size)
-        stream.read(size % 2)
-        if name.startswith("data.tar"):
-            found = body
-    with tarfile.open(fileobj=io.BytesIO(found)) as archive:
-        for member in archive:
-            if member.isfile():
-                yield member.name, archive.extractfile(member).read()
-
-
-def fetch_packages(cache: Path = CACHE, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
-    """{package: its `.deb`} for `packages`, each downloaded once with `apt-get download` into `cache`."""
-    cache.mkdir(parents=True, exist_ok=True)
-    have = {p.name.split("_")[0]: p for p in cache.glob("*.deb")}
-    missing = [name for name in packages if name not in have]
-    if missing:
-        try:
-            subprocess.run(["apt-get", "download", *missing], cwd=cache, check=True, capture_output=True, text=True)
-        except (OSError, subprocess.CalledProcessError) as error:
-            detail = getattr(error, "stderr", "") or error
-            raise RuntimeError(f"Could not download {missing} with apt-get ({str(detail).strip()[-300:]}). On "
-                               f"Debian/Ubuntu run `apt-get update`, or put the .deb files in {cache}.") from None
-        have = {p.name.split("_")[0]: p for p in cache.glob("*.deb")}
-    return {name: have[name] for name in packages}
-
-
 def manpage_records(debs: list[Path]) -> list[dict]:
     records = []
     for deb in debs:
-        for path, data in _deb_members(deb.read_bytes()):
+        for path, data in deb_members(deb.read_bytes()):
             match = re.search(r"/man/man(\d)/([^/]+)\.\d\w*\.gz$", path)
             if not match:
                 continue
@@ -152,7 +117,7 @@ def load_manpages_dataset(config: str = "text", validation_percent: int = 5, cac
 
     if config not in ("text", "restore"):
         raise ValueError(f"dataset_config {config!r} of debian_manpages is not one of ['text', 'restore'].")
-    records = manpage_records(sorted(fetch_packages(cache).values()))
+    records = manpage_records(sorted(fetch_packages(cache, PACKAGES).values()))
     held = [int(hashlib.sha1(r["name"].encode()).hexdigest(), 16) % 100 < validation_percent for r in records]
     rows = {"train": [], "validation": []}
     for record, is_held in zip(records, held):

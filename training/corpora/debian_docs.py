@@ -2,7 +2,7 @@
 Debian packages, from the package archive (no Hub), tokenised with a 32K byte-level BPE and
 packed into blocks of token ids on the CPU, compressed so that it travels to a GPU machine.
 
-    python -m studies.scale_corpus data/scale_corpus            # download, extract, BPE 32K, pack
+    python -m hf_outheads.training.corpora.debian_docs data/scale_corpus   # download, extract, BPE 32K, pack
 
 Sources (`PACKAGES`, one extraction rule each; nothing of a package is executed): the
 reStructuredText sources (`_sources/*.txt`) of the Python 3.11, Sphinx, Debian Policy, Developer's
@@ -10,9 +10,9 @@ Reference, scikit-learn, SymPy, LLVM, Clang, Flask and Hypothesis manuals; git's
 Vim's help files; Perl's POD manual; the HTML manuals of PostgreSQL, Django, bash, Node.js,
 Apache httpd (English), SciPy's tutorial and the Rust books (paragraph text); the Debian Reference,
 the New Maintainers' Guide and the GNU coding standards as plain text; the Linux man-pages
-(`training/manpages_corpus`).
+(`manpages`).
 Not used: WordNet and the gettext catalogs (reserved for independent evaluation), and the
-Debian Administrator's Handbook (held-out text of `studies/debian_handbook.py`).
+Debian Administrator's Handbook (the held-out text of `debian_handbook`).
 
 Each file is one document; a document goes to validation when a hash of its path falls in
 the lowest `validation_percent` buckets. Documents are joined with `</s>` and cut into
@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from training.manpages_corpus import CACHE as MANPAGES_CACHE, _deb_members, fetch_packages, roff_to_text
+from hf_outheads.training.corpora.debian import CACHE_ROOT, deb_members, fetch_packages
+from hf_outheads.training.corpora.manpages import roff_to_text
 
-CACHE = MANPAGES_CACHE.parent / "debian_docs"
+CACHE = CACHE_ROOT / "debian_docs"
 # package -> (regex a member path must match, format)
 PACKAGES = {
     "python3.11-doc": (r"/html/_sources/.*\.rst\.txt$", "text"),
@@ -165,7 +166,7 @@ def package_documents(packages=tuple(PACKAGES), cache: Path = CACHE):
     """Yield (name, text) of every document of `packages` (keys of PACKAGES), at least 200 characters."""
     for name, deb in fetch_packages(cache, tuple(packages)).items():
         pattern, kind = PACKAGES[name]
-        for path, data in sorted(_deb_members(deb.read_bytes())):
+        for path, data in sorted(deb_members(deb.read_bytes())):
             if re.search(pattern, path):
                 text = member_text(data, path, kind)
                 if len(text) >= 200:
@@ -173,8 +174,8 @@ def package_documents(packages=tuple(PACKAGES), cache: Path = CACHE):
 
 
 def stdlib_documents():
-    """Yield (name, text) of the Python standard library's docstrings (`training/stdlib_corpus`)."""
-    from training.stdlib_corpus import build_records_isolated
+    """Yield (name, text) of the Python standard library's docstrings (`stdlib`)."""
+    from hf_outheads.training.corpora.stdlib import build_records_isolated
 
     records = build_records_isolated("text", validation_percent=0)["train"]
     for record in records:
@@ -190,7 +191,7 @@ def pack(documents, out: Path, vocab_size: int = 32000, block_size: int = BLOCK_
     """Train the BPE on the training documents, tokenise every document, join them with `</s>`
     and cut each split into `block_size`-token blocks (the tail shorter than a block is
     dropped); write the tokenizer, the packed splits and `corpus.json` into `out`."""
-    from training.tokenization import train_tokenizer
+    from hf_outheads.training.tokenization import train_tokenizer
 
     splits = {"train": [], "validation": []}
     sources: dict[str, int] = {}
@@ -249,7 +250,7 @@ def main(argv=None):
     parser.add_argument("--cache", type=Path, default=CACHE, help="where the .deb files are downloaded")
     parser.add_argument("--stdlib", action="store_true",
                         help="instead of the packages: the Python standard library's docstrings (on every machine; "
-                             "the small corpus of `benchmarks/gpu_run.sh --tiny`)")
+                             "the small corpus of `tools/gpu_run.sh --tiny`)")
     args = parser.parse_args(argv)
     if args.stdlib:
         info = pack(stdlib_documents(), args.out, args.vocab_size, args.block_size, args.validation_percent)

@@ -2,8 +2,8 @@
 # Download into .whl/ the wheels the GPU machine lacks (its image: Python 3.12, torch 2.11,
 # transformers 5.17, accelerate 1.15, triton 3.6, tokenizers 0.23.2, ...), with the device README's
 # pip command.
-# benchmarks/gpu_run.sh installs them there first. Run here, where PyPI is reachable:
-#     benchmarks/gpu_wheels.sh            # then carry `.whl` (and data/scale_corpus) with each call
+# tools/gpu_run.sh installs them there first. Run here, where PyPI is reachable:
+#     tools/gpu_wheels.sh            # then carry `.whl` (and data/scale_corpus) with each call
 # Each name is pinned: one version of each (two stop the install). What each is for:
 #   transformers 5.24       the package's floor (pyproject.toml); the image has 5.17
 #   liger-kernel, cut-cross-entropy   the fused-loss peers of benchmarks/bench_gpu.py

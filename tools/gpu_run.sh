@@ -2,16 +2,17 @@
 # The GPU work, sized to a lent GPU's window (15 minutes of device time in all, the machine's start
 # included; one command at most 10 minutes). One command per window continues the scale comparison:
 #
-#   benchmarks/gpu_wheels.sh                           # here: the wheels the GPU image lacks, into .whl/
-#   python -m studies.scale_corpus data/scale_corpus   # here: the packed corpus of the scale comparison
-#   benchmarks/gpu_run.sh "$OUT"                       # there, carrying .whl and data/scale_corpus (about 9 min):
-#                                                      #   the next runs of the scale queue (studies/scale_heads.py)
-#   cp -r OUT/scale/. studies/results/scale_gpt2small/ # here: the queue's state and tables, committed
+#   tools/gpu_wheels.sh                # here: the wheels the GPU image lacks, into .whl/
+#   python -m hf_outheads.training.corpora.debian_docs data/scale_corpus
+#                                      # here: the packed corpus of the scale comparison
+#   tools/gpu_run.sh "$OUT"            # there, carrying .whl and data/scale_corpus (about 9 min): the next
+#                                      #   runs of the scale queue (studies/scale_heads.py)
+#   cp -r OUT/scale/. studies/results/scale_gpt2small/   # here: the queue's state and tables, committed
 #
-#   benchmarks/gpu_run.sh "$OUT" --part bench          # there, when the kernels change (about 7 min): CUDA tests,
-#                                                      #   the fused losses against their peers, every loss path
-#                                                      #   against tied (|V| 32K and 128K, and at GPT-2-small shape),
-#                                                      #   train.py compiled at GPT-2-small shape
+#   tools/gpu_run.sh "$OUT" --part bench   # there, when the kernels change (about 7 min): CUDA tests, the
+#                                      #   fused losses against their peers, every loss path against tied
+#                                      #   (|V| 32K and 128K, and at GPT-2-small shape), train.py compiled
+#                                      #   at GPT-2-small shape
 #
 # Whoever holds a GPU runs the same command; it continues the queue from the committed runs, so each
 # lease adds runs until the comparison is complete (a run predicted to overrun the budget is left for
@@ -27,7 +28,7 @@
 # tiny size, and the scale queue trains every head, compiled, as a 1-layer model on a corpus packed from
 # the Python standard library's docstrings.
 set -uo pipefail
-usage="usage: benchmarks/gpu_run.sh OUTDIR [--part scale|bench|all] [--tiny]"
+usage="usage: tools/gpu_run.sh OUTDIR [--part scale|bench|all] [--tiny]"
 [ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "cannot create $1" >&2; exit 2; }
 shift
@@ -58,14 +59,17 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit (x LIMIT_SCALE),
     echo "=== $name: exit $rc after $((SECONDS - start)) s"
 }
 
-install_wheels() {  # the device README's command: wheels into /tmp/site, ahead of the image's packages
+install_wheels() {  # the device README's command: wheels into /tmp/site, ahead of the image's packages; then
+    # this checkout as a developer installs it (`pip install -e`, no dependencies), which makes the repository's
+    # training/ folder importable as hf_outheads.training (pyproject.toml's package-dir), from the root too
     if [ $TINY -eq 1 ]; then return; fi
     if ! ls .whl/*.whl >/dev/null 2>&1; then
-        echo "no .whl/*.whl: run benchmarks/gpu_wheels.sh here and carry .whl" >&2; exit 3
+        echo "no .whl/*.whl: run tools/gpu_wheels.sh here and carry .whl" >&2; exit 3
     fi
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || exit 3
     export PYTHONPATH="/tmp/site:$PYTHONPATH"
+    $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . || exit 3
 }
 
 environment() {
@@ -84,7 +88,7 @@ for name in ("transformers", "accelerate", "tokenizers", "datasets", "triton", "
     except Exception as error:
         print(f"  {name}: {type(error).__name__}: {error}")
 if torch.cuda.is_available():
-    from benchmarks.bench_gpu import bf16_peak_tflops
+    from hf_outheads.training.throughput import bf16_peak_tflops
     print(f"  dense bf16 peak measured now: {bf16_peak_tflops():.0f} TFLOP/s (8192-cubed product)")
 EOF
 }
@@ -134,7 +138,7 @@ part_bench() {  # correctness on CUDA, then issue 40's measurements, then train.
     done
     step "GPT-2-small shape against tied" 100 $PY -m benchmarks.bench_heads --heads tied-own,sigsoftmax,mos,doc "${GPT2[@]}" \
         --out "$OUT/heads_gpt2small.md"
-    TORCH_LOGS=recompiles step "train.py compiled, tied, GPT-2-small shape" 120 $PY -m training.train \
+    TORCH_LOGS=recompiles step "train.py compiled, tied, GPT-2-small shape" 120 $PY -m hf_outheads.training.train \
         --config training/configs/quickstart_lm.yaml \
         --torch_compile true --save_steps 100000 --resume never --output_dir "$SCRATCH/train" "${TRAIN[@]}" \
         >"$OUT/train.log" 2>&1
@@ -148,7 +152,7 @@ flops, step_s = start["train_flops_per_step"], final.get("train_step_time_s")
 print(f"=== train.py: {flops / step_s / 1e12:.1f} TFLOP/s, {step_s * 1e3:.1f} ms a step after the first"
       if step_s else "=== train.py: no step time")
 if step_s and torch.cuda.is_available():
-    from benchmarks.bench_gpu import bf16_peak_tflops
+    from hf_outheads.training.throughput import bf16_peak_tflops
     peak = bf16_peak_tflops()
     print(f"=== train.py: {flops / step_s / 1e12 / peak:.1%} of the {peak:.0f} TFLOP/s measured peak")
 EOF
@@ -156,7 +160,7 @@ EOF
 
 part_scale() {  # the next runs of the scale queue that fit the part's budget
     if [ $TINY -eq 1 ] && [ ! -f "$CORPUS/corpus.json" ]; then
-        step "tiny corpus (stdlib docstrings)" 120 $PY -m studies.scale_corpus "$CORPUS" --stdlib --vocab_size 400 \
+        step "tiny corpus (stdlib docstrings)" 120 $PY -m hf_outheads.training.corpora.debian_docs "$CORPUS" --stdlib --vocab_size 400 \
             --block_size 32 --validation_percent 10
     fi
     local budget=()
@@ -170,7 +174,7 @@ for part in bench scale; do
     if [ "$PART" = all ] || [ "$PART" = $part ]; then
         {
             PART_START=$SECONDS
-            echo "=== benchmarks/gpu_run.sh $OUT --part $part$([ $TINY -eq 1 ] && echo ' --tiny')"
+            echo "=== tools/gpu_run.sh $OUT --part $part$([ $TINY -eq 1 ] && echo ' --tiny')"
             install_wheels
             environment
             part_$part

@@ -12,7 +12,7 @@ Two tasks are built from it at run time, with no download:
     quickstart's budget the model learns the summaries' language (perplexity drops ~40x)
     before it learns to use the source; see training/README.md.
   - `restore`: case and punctuation restoration of the docstrings' sentences (the man-pages
-    corpus's `restore` task, `manpages_corpus.restore_pairs`, on each docstring's paragraphs
+    corpus's `restore` task, `manpages.restore_pairs`, on each docstring's paragraphs
     joined into lines); each target once.
   - `restore_short`: `restore` on the sentences of 6 to 16 words only. A tiny model trained
     from scratch learns it within the quickstart's minute (it first has to learn to copy
@@ -147,7 +147,7 @@ TASKS = ("text", "summary", *RESTORE_MAX_WORDS)
 def restore_records(text_records: dict[str, list[dict]], max_words: int = 30) -> dict[str, list[dict]]:
     """The `restore` task's splits from the `text` task's (same split of each docstring),
     sentences of 6 to `max_words` words."""
-    from .manpages_corpus import restore_pairs
+    from hf_outheads.training.corpora.manpages import restore_pairs
 
     splits, targets = {}, set()
     for split, rows in text_records.items():

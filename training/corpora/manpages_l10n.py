@@ -8,7 +8,7 @@ two pages have the same layout requests in the same order. A page pair is used o
 does align: after the sections the translators append (translator credits, after the last
 English section) are cut, the sequence of break requests (`.SH`, `.SS`, `.PP`, `.TP`, `.IP`,
 `.nf`, ...) must be identical and both pages must have the same number of paragraphs
-(`manpages_corpus.roff_paragraphs`); otherwise the whole page is discarded. Aligned
+(`manpages.roff_paragraphs`); otherwise the whole page is discarded. Aligned
 paragraphs become pairs, split further into sentences where both sides have the same number
 of sentences. Dropped: headings and no-fill blocks (code, synopses), paragraphs left in
 English (po4a keeps the original where a translation is missing or outdated), and pairs whose
@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import os
 import random
 import re
 from pathlib import Path
 
-from .manpages_corpus import BREAKS, PACKAGES as ENGLISH_PACKAGES, SENTENCE_RE, _deb_members, fetch_packages, roff_paragraphs
+from hf_outheads.training.corpora.debian import CACHE_ROOT, deb_members, fetch_packages
+from hf_outheads.training.corpora.manpages import BREAKS, PACKAGES as ENGLISH_PACKAGES, SENTENCE_RE, roff_paragraphs
 
 LANGUAGES = ("de", "fr", "es", "pl", "it", "nl")  # manpages-l10n languages in Latin script with Debian packages
-CACHE = Path(os.environ.get("HF_OUTHEADS_CACHE", Path.home() / ".cache" / "hf_outheads")) / "debian_manpages_l10n"
+CACHE = CACHE_ROOT / "debian_manpages_l10n"
 MAX_RATIO = 2.0  # longest / shortest side, in characters
 MIN_WORDS, MAX_WORDS = 3, 60  # English words of a kept pair
 PAGE_RE = re.compile(r"/man/(?:([\w@-]+)/)?man(\d)/([^/]+)\.\d\w*\.gz$")
@@ -45,11 +45,11 @@ def packages(languages=LANGUAGES) -> tuple[str, ...]:
 
 
 def page_sources(debs: list[Path], lang: str | None) -> dict[str, str]:
-    """`"<name>(<section>)"` (e.g. `close(2)`, as `manpages_corpus` names pages) -> roff source of
+    """`"<name>(<section>)"` (e.g. `close(2)`, as `manpages` names pages) -> roff source of
     the pages of `lang` (None: English) in `debs`; links (`.so`) left out."""
     pages = {}
     for deb in debs:
-        for path, data in _deb_members(deb.read_bytes()):
+        for path, data in deb_members(deb.read_bytes()):
             match = PAGE_RE.search(path)
             if not match or match.group(1) != lang:
                 continue
@@ -132,7 +132,7 @@ def parallel_records(debs: list[Path], languages=LANGUAGES) -> tuple[list[dict],
 
 
 def _split_records(records: list[dict], validation_percent: int) -> dict[str, list[dict]]:
-    """By a hash of the page name, the split of `manpages_corpus` (so a model pretrained on the
+    """By a hash of the page name, the split of `manpages` (so a model pretrained on the
     English man-pages never saw a validation page); duplicates dropped, and validation pairs
     whose source or target is also a training one; the validation pairs shuffled (seed 0)."""
     rows = {"train": [], "validation": []}

@@ -2,8 +2,8 @@
 from the facts it shows, never typed by hand, and `tests/test_docs.py` checks that every one is
 current (a hand edit, or a results file or head class changed without a rerun, fails it).
 
-    python -m studies.doc_tables            # rewrite every generated table of the repository
-    python -m studies.doc_tables --check    # say which tables are not current (exit status 1)
+    python -m tools.doc_tables            # rewrite every generated table of the repository
+    python -m tools.doc_tables --check    # say which tables are not current (exit status 1)
 
 The tables (`TABLES`), each named in its begin marker:
   - `regimes` (studies/results/regimes.md): every run of every regime against its best plain head
@@ -38,7 +38,7 @@ from studies.regimes import REGIMES, RESULTS, regime_table
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN = re.compile(r"<!-- generated table `(?P<name>\w+)`[^\n]*-->\n")
 END = "<!-- end of the generated table -->"
-COMMAND = "python -m studies.doc_tables"
+COMMAND = "python -m tools.doc_tables"
 
 
 def bibtex_field(bibtex: str, name: str) -> str | None:
