@@ -1,14 +1,28 @@
 """Datasets for training: load (Hub, local files, built-in stdlib corpus, streaming),
-check columns, records and splits, tokenise with `map(batched=True)`, group causal-LM text into blocks."""
+check columns, records and splits, tokenise with `map(batched=True)`, group causal-LM text into blocks,
+and build the batches (`CheckedCollator`), checking every example's ids, labels and length on the host.
+
+Pre-tokenised data: a split with an `input_ids` column (TRL's rule for a processed dataset) is used
+as it is, one example a row: no tokenisation, no grouping into blocks. Its `labels` column holds the
+targets (a seq2seq run needs one; -100 marks a position that is not scored); a causal LM's example
+without one is scored on its `input_ids` (the model shifts them). The tokenizer must be the one the
+ids were made with (`tokenizer: <folder or Hub id>`). E.g. the scale comparison's packed corpus
+(`training/corpora/debian_docs.py`): one row of 1,024 ids a block, trained with `block_size: 1024`.
+"""
 
 from __future__ import annotations
 
 import os
 from itertools import chain
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch.utils.data
 from datasets import Dataset, IterableDataset, IterableDatasetDict, load_dataset
+from transformers import DataCollatorForSeq2Seq
+
+from hf_outheads import IGNORE_INDEX
 
 from hf_outheads.training.corpora.manpages import load_manpages_dataset
 from hf_outheads.training.corpora.manpages_l10n import load_manpages_l10n_dataset
@@ -21,6 +35,7 @@ MANPAGES_L10N = "debian_manpages_l10n"  # their translations aligned with them (
 BUILT_CORPORA = {BUILTIN: (load_stdlib_dataset, "summary"), MANPAGES: (load_manpages_dataset, "restore"),
                  MANPAGES_L10N: (load_manpages_l10n_dataset, "fr-en")}
 FILE_FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+TOKEN_IDS = "input_ids"  # a split with this column is pre-tokenised (see the module docstring)
 
 
 def _file_format(data_files: dict) -> str:
@@ -76,7 +91,7 @@ def select_splits(raw, options) -> tuple:
     if data.train_split not in raw:
         raise ValueError(f"The dataset has no split '{data.train_split}'; it has {list(raw)}.")
     train = raw[data.train_split]
-    require_columns(train, needed_columns(options))  # before a tokenizer is trained on them
+    require_columns(train, needed_columns(options, train))  # before a tokenizer is trained on them
     train = checked_records(train, options, data.train_split)
     if data.validation_split in raw:
         validation = checked_records(raw[data.validation_split], options, data.validation_split)
@@ -101,28 +116,44 @@ def first(split, count: int | None):
     return split.take(count) if isinstance(split, IterableDataset) else split.select(range(min(count, len(split))))
 
 
-def needed_columns(options) -> list[str]:
-    if options.model.task == "causal_lm":
-        return [options.data.text_column]
-    return ["translation"] if options.data.source_lang else [options.data.source_column, options.data.target_column]
-
-
-def require_columns(split, columns: list[str]) -> None:
+def column_names(split) -> list[str]:
     available = split.column_names
     if available is None:  # streaming without features: peek at the first example
         first = next(iter(split), None)
         if first is None:
             raise ValueError("The streamed split is empty.")
         available = list(first)
+    return available
+
+
+def pretokenised(split) -> bool:
+    """The split holds token ids (an `input_ids` column), used as they are."""
+    return TOKEN_IDS in column_names(split)
+
+
+def needed_columns(options, split=None) -> list[str]:
+    """The columns a run reads from `split`: the pre-tokenised ids (and a seq2seq run's labels), or the text."""
+    if split is not None and pretokenised(split):
+        return [TOKEN_IDS] + (["labels"] if options.model.task == "seq2seq" else [])
+    if options.model.task == "causal_lm":
+        return [options.data.text_column]
+    return ["translation"] if options.data.source_lang else [options.data.source_column, options.data.target_column]
+
+
+def require_columns(split, columns: list[str]) -> None:
+    available = column_names(split)
     missing = [column for column in columns if column not in available]
     if missing:
         raise ValueError(f"Column(s) {missing} not found; the dataset has {available}. Set text_column / "
                          "source_column / target_column (or source_lang / target_lang for translation data).")
 
 
-def text_columns(options) -> list[str]:
-    """The columns whose every record must hold text (a translation pair's languages are not checked)."""
-    return [] if options.model.task != "causal_lm" and options.data.source_lang else needed_columns(options)
+def text_columns(options, split) -> list[str]:
+    """The columns whose every record must hold text (a translation pair's languages are not checked; a
+    pre-tokenised split's ids are checked as its batches are built: `CheckedCollator`)."""
+    if pretokenised(split) or (options.model.task != "causal_lm" and options.data.source_lang):
+        return []
+    return needed_columns(options)
 
 
 def record_place(options, split_name: str, index: int) -> str:
@@ -150,7 +181,7 @@ def checked_records(split, options, split_name: str):
     """`split`, each record of which holds a string in the run's text columns (`text_columns`): a
     Dataset is checked now, and must hold some non-blank text; a stream as it is read. A ValueError
     names the file and line (or the record) and the field."""
-    columns = text_columns(options)
+    columns = text_columns(options, split)
     if isinstance(split, IterableDataset):
         def check(batch, indices):
             for column in columns:
@@ -240,9 +271,17 @@ def _columns(split):
     return list(next(iter(split)))
 
 
-def tokenised_splits(train, validation, tokenizer, options):
+def as_examples(split, tokenizer, options):
+    """`split` as the run's examples: a pre-tokenised split's ids (and labels) as they are, text tokenised."""
+    if pretokenised(split):
+        require_columns(split, needed_columns(options, split))
+        return split.select_columns([name for name in (TOKEN_IDS, "labels") if name in column_names(split)])
     build = causal_lm_dataset if options.model.task == "causal_lm" else seq2seq_dataset
-    train, validation = build(train, tokenizer, options), build(validation, tokenizer, options)
+    return build(split, tokenizer, options)
+
+
+def tokenised_splits(train, validation, tokenizer, options):
+    train, validation = as_examples(train, tokenizer, options), as_examples(validation, tokenizer, options)
     for name, split in (("training", train), ("validation", validation)):
         if isinstance(split, Dataset) and len(split) == 0:
             raise ValueError(f"The {name} split has no example after tokenisation"
@@ -252,13 +291,111 @@ def tokenised_splits(train, validation, tokenizer, options):
 
 
 def word_counts(train, vocab_size: int, limit: int = 100_000):
-    """Training-set frequency of every token id among the predicted tokens (labels), from at
-    most `limit` examples; heads that use frequencies (sampling proposals, code tables) read it."""
-    import numpy as np
-
+    """Training-set frequency of every token id among the predicted tokens (labels; a causal LM's
+    ids where it has none), from at most `limit` examples; heads that use frequencies (sampling
+    proposals, code tables) and the frequency bands read it."""
+    column = "labels" if "labels" in column_names(train) else TOKEN_IDS
     counts = np.zeros(vocab_size, dtype=np.int64)
-    examples = train.take(limit) if isinstance(train, IterableDataset) else train.select(range(min(limit, len(train))))
-    for batch in examples.iter(batch_size=1000):
-        ids = np.fromiter(chain.from_iterable(batch["labels"]), dtype=np.int64)
-        counts += np.bincount(ids[ids >= 0], minlength=vocab_size)[:vocab_size]
+    if isinstance(train, IterableDataset):
+        batches = (np.fromiter(chain.from_iterable(batch[column]), dtype=np.int64)
+                   for batch in train.take(limit).iter(batch_size=1000))
+    else:  # the column's values at once, from arrow (no Python list per example)
+        values = train.select(range(min(limit, len(train)))).with_format("arrow")[column]
+        batches = [pc.list_flatten(values).to_numpy(zero_copy_only=False).astype(np.int64)]
+    for ids in batches:
+        counts += np.bincount(ids[(ids >= 0) & (ids < vocab_size)], minlength=vocab_size)
     return counts
+
+
+def sample_prompt(split, options, tokenizer) -> str:
+    """The start (40 characters) of the first example of a causal LM's `split`: its text, or a pre-tokenised
+    one's ids decoded; "" for a seq2seq run."""
+    if options.model.task != "causal_lm":
+        return ""
+    example = next(iter(split))
+    if TOKEN_IDS in example:
+        return tokenizer.decode(example[TOKEN_IDS][:40], skip_special_tokens=True)[:40]
+    return example[options.data.text_column][:40]
+
+
+EXAMPLE = "example_index"  # an example's index in its split, carried to the collator (`NumberedExamples`)
+
+
+class NumberedExamples(torch.utils.data.Dataset):
+    """A map-style dataset whose examples carry their index (`EXAMPLE`), so that the collator names a
+    bad one; batches are still read many examples at once (`__getitems__`, which a DataLoader uses)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        return {**self.dataset[index], EXAMPLE: index}
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        return [{**example, EXAMPLE: index} for index, example in zip(indices, self.dataset.__getitems__(indices))]
+
+
+class BatchError(ValueError):
+    """An example that cannot be trained on or evaluated (a token id outside the model's vocabulary,
+    a label that is neither -100 nor one, more tokens than the run's lengths), found on the host as its
+    batch is built (`CheckedCollator`), named in one line. A DataLoader worker's error reaches the main
+    process re-raised with the worker's traceback as its message: cut back here to that one line."""
+
+    def __init__(self, message: str):
+        super().__init__(message.strip().splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1])
+
+
+class CheckedCollator:
+    """Batches of a split: each example checked on the host (where the batch is built: in the
+    DataLoader's worker processes when there are some), then padded by transformers'
+    `DataCollatorForSeq2Seq` (labels with -100). The checks are what the model's forward no longer
+    does, since they read the batch back from the device at every step: every id in `[0, input_vocab)`,
+    every label -100 or in `[0, label_vocab)`, no example longer than `lengths[column]`. A bad example
+    is a `BatchError` naming it (its index in the split, or its place in a streamed batch), the column,
+    the value and its position. A causal LM's example without labels is scored on its ids, and a causal
+    LM's batch without padding (packed blocks) has no attention mask: a mask makes transformers check
+    on the host, at every forward, whether it holds any padding."""
+
+    def __init__(self, tokenizer, split: str, input_vocab: int, label_vocab: int, lengths: dict[str, tuple[str, int]],
+                 causal: bool):
+        self.pad = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=None)
+        self.split, self.lengths, self.causal = split, lengths, causal
+        self.vocab = {TOKEN_IDS: input_vocab, "labels": label_vocab}
+
+    def __call__(self, features: list[dict]) -> dict:
+        examples = []
+        for place, feature in enumerate(features, 1):
+            example = dict(feature)
+            index = example.pop(EXAMPLE, None)
+            if "labels" not in example and self.causal:
+                example["labels"] = example[TOKEN_IDS]
+            name = (f"Example {index} of the {self.split} set" if index is not None else
+                    f"Example {place} of a {self.split} batch (of a streamed split)")
+            for column in (TOKEN_IDS, "labels"):
+                if column in example:
+                    self.check(name, column, np.asarray(example[column]))
+            examples.append(example)
+        batch = self.pad(examples)
+        if self.causal and len({len(example[TOKEN_IDS]) for example in examples}) == 1:
+            batch.pop("attention_mask", None)  # no padding
+        return batch
+
+    def check(self, name: str, column: str, values: np.ndarray) -> None:
+        option, limit = self.lengths[column]
+        if len(values) > limit:
+            raise BatchError(f"{name} has {len(values)} {column}, more than {option}={limit}: cut the example to "
+                             f"{limit}, or raise {option} (within the model's positions).")
+        vocab = self.vocab[column]
+        bad = (values < 0) | (values >= vocab)
+        if column == "labels":
+            bad &= values != IGNORE_INDEX
+        if bad.any():
+            position = int(bad.argmax())
+            what = "label" if column == "labels" else "token id"
+            allowed = "-100 (not scored) or a token id" if column == "labels" else "a token id"
+            raise BatchError(f"{name} holds the {what} {values[position]} in {column} (position {position}); the model "
+                             f"takes {allowed} from 0 to {vocab - 1}. Tokenise the data with the model's tokenizer "
+                             "(option tokenizer), or give the model as many embeddings.")

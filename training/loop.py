@@ -17,6 +17,13 @@ No step waits for the device: the losses are summed on it (`RunningLoss`) and th
 check is recorded on it (`NonFiniteWatch`); both are read, and summed over processes, only at
 a logging step, before a checkpoint or an evaluation, and at the end. A non-finite loss or
 gradient norm still stops the run naming its first step, and nothing from that step on is saved.
+The batches' ids and labels are checked on the host where they are built (`data.CheckedCollator`),
+not in the step; one process reduces nothing (`accelerator.reduce` would copy each value).
+
+A step's time is the wall time from its start to the start of the next one, evaluations, head
+updates, checkpoints and callbacks left out: the host runs ahead of the device, so it waits for it
+at the reads of a logging step, and that wait is counted in the step that reads, so that the times
+add up to the device's (`throughput.training_rates`).
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options,
     tensors on the device, not read; the loss and the gradient norm are handed to `watch`. `terms`,
     when given, receives the window's mean of each named part of the head's extra terms
     (`outputs.aux_terms`), on the device too."""
-    count = accelerator.reduce(sum(loss_tokens(b, options.model.task) for b in window).to(accelerator.device), "sum")
     processes, nll_total, aux_total = accelerator.num_processes, 0.0, None
+    reduce = accelerator.reduce if processes > 1 else (lambda tensor, reduction: tensor)
+    count = reduce(sum(loss_tokens(b, options.model.task) for b in window).to(accelerator.device), "sum")
     undo_division = accelerator.gradient_accumulation_steps  # see the module docstring
     for batch in window:  # accelerate synchronises (and steps) on the last: the window ends an accumulation
         with accelerator.accumulate(model):
@@ -67,11 +75,11 @@ def window_step(accelerator, model, optimizer, scheduler, window: list, options,
             aux_total = aux.detach() / len(window) + (0.0 if aux_total is None else aux_total)
         for name, value in (getattr(outputs, "aux_terms", None) or {}).items() if terms is not None else ():
             terms[name] = value.detach() / len(window) + terms.get(name, 0.0)
-    nll_total = accelerator.reduce(nll_total, "sum")  # the same value on every process
+    nll_total = reduce(nll_total, "sum")  # the same value on every process
     watch.add("training loss", nll_total)
     for name, value in (terms or {}).items():
-        terms[name] = accelerator.reduce(value, "mean")
-    return nll_total, None if aux_total is None else accelerator.reduce(aux_total, "mean")
+        terms[name] = reduce(value, "mean")
+    return nll_total, None if aux_total is None else reduce(aux_total, "mean")
 
 
 class RunningLoss:
@@ -150,9 +158,12 @@ def stop_on_non_finite(options):
             f"{options.training.max_grad_norm}), or train in float32 / bf16 rather than fp16.") from None
 
 
-def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps, save):
+def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps, save,
+               callbacks=()):
     """Train until max_steps; returns (interrupted by stop_after_steps, seconds per optimizer step).
-    `stop_after_steps` interrupts only a run that started below it, so rerunning finishes."""
+    `stop_after_steps` interrupts only a run that started below it, so rerunning finishes. Each of
+    `callbacks` is called after every optimizer step as `callback(progress, step_times)`, with
+    host values only (no device read); it may end the run by raising, and nothing more is saved."""
     bar = tqdm(total=max_steps, initial=progress.step, disable=not accelerator.is_local_main_process, desc="train")
     running, step_times, started = RunningLoss(), [], time.perf_counter()
     watch = NonFiniteWatch(accelerator.device)
@@ -166,7 +177,6 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
             running.add(*window_step(accelerator, model, optimizer, scheduler, window, options, watch, terms), terms)
             progress.batches_in_epoch += len(window)
             progress.step += 1
-            step_times.append(time.perf_counter() - started)
             bar.update(1)
             stop = stop_at is not None and progress.step >= stop_at
             save_now = (options.training.save_steps and progress.step % options.training.save_steps == 0) or stop
@@ -179,10 +189,13 @@ def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hook
                 record = running.record(scheduler.get_last_lr()[0])
                 log.log(record, progress.step)
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}")
+            step_times.append(time.perf_counter() - started)  # (with the wait for the device at a read)
             for hook in hooks_now:  # periodic evaluation, the head's periodic update
                 log.log({**hook(), "train_seconds": sum(step_times)}, progress.step)
             if save_now:
                 save()
+            for callback in callbacks:
+                callback(progress, step_times)
             if stop or progress.step >= max_steps:
                 bar.close()
                 return stop, step_times

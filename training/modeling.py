@@ -130,9 +130,21 @@ def position_limit(model) -> int | None:
     return positions(model.config.text_config)
 
 
+def step_sequences(options, processes: int) -> int:
+    """Sequences of one optimizer step, over every process."""
+    return options.training.per_device_train_batch_size * options.training.gradient_accumulation_steps * processes
+
+
+def step_tokens(options, processes: int) -> int:
+    """Tokens one optimizer step trains on, at the length limits (`block_size`; seq2seq: the target's):
+    a causal LM's blocks are full, a seq2seq step's targets at most as long."""
+    length = options.data.block_size if options.model.task == "causal_lm" else options.data.max_target_length
+    return step_sequences(options, processes) * length
+
+
 def step_flops(model, options, processes: int) -> int:
     """Analytic FLOPs of one optimizer step (`hf_outheads.flops`); seq2seq at the length limits."""
-    sequences = options.training.per_device_train_batch_size * options.training.gradient_accumulation_steps * processes
+    sequences = step_sequences(options, processes)
     if options.model.task == "causal_lm":
         return training_flops_per_step(model, sequences * options.data.block_size, options.data.block_size)
     return training_flops_per_step(model, sequences * options.data.max_target_length, options.data.max_target_length,

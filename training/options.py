@@ -95,6 +95,10 @@ class ModelOptions(DeclaredOptions):
     head_options_by_head: dict = mapping(dict, help=(
         "Options per head type, {head_type: {option: value}}, used for the chosen head under head_options (lets "
         "compare_heads.py run several heads from one file)."))
+    trainable_modules: list = listing(list, help=(
+        "Names of the model's modules that train, e.g. [head.predictors] (an mtp head's future-token predictors); "
+        "every other parameter is frozen, and a frozen head is not given the training set's word counts. Empty: the "
+        "whole model trains."))
     tokenizer: str = text("auto", help=(
         "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path."))
     tokenizer_vocab_size: int = integer(8000, 5, help=(
@@ -171,9 +175,12 @@ class TrainingOptions(DeclaredOptions):
     seed: int = integer(42, 0, help="Seed for initialisation, data order and dropout.")
     per_device_train_batch_size: int = integer(16, 1, help="Training batch size per process.")
     per_device_eval_batch_size: int = integer(32, 1, help="Evaluation batch size per process.")
-    dataloader_num_workers: int = integer(0, 0, help=(
-        "Worker processes that collate the training and evaluation batches while the model computes (0: the main "
-        "process), kept across epochs; batches are pinned on a GPU and copied to it without waiting."))
+    data_seed: int | None = integer(None, 0, optional=True, help=(
+        "Seed of the training data's order (null: seed), so that runs of other seeds can see the same batches."))
+    dataloader_num_workers: int | None = integer(None, 0, optional=True, help=(
+        "Worker processes that collate (and check) the training and evaluation batches while the model computes, "
+        "kept across epochs (0: the main process; null: 4 when training on a GPU, 0 on a CPU, whose cores compute "
+        "the step); batches are pinned on a GPU and copied to it without waiting."))
     learning_rate: float = number(5e-4, 0.0, open_low=True, help="Peak learning rate of AdamW.")
     head_learning_rate: float | None = number(None, 0.0, open_low=True, optional=True, help=(
         "Peak learning rate of the output head's own parameters (not the shared embedding E); null: learning_rate."))
@@ -182,6 +189,9 @@ class TrainingOptions(DeclaredOptions):
     adam_beta2: float = probability(0.999, help="AdamW beta2.")
     lr_scheduler_type: str = choice("linear", tuple(kind.value for kind in SchedulerType), help=(
         "Schedule after warmup (transformers.get_scheduler)."))
+    lr_scheduler_kwargs: dict = mapping(dict, help=(
+        "Further arguments of the schedule, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr (transformers.get_scheduler's "
+        "scheduler_specific_kwargs)."))
     warmup_steps: int = integer(0, 0, help="Linear warmup steps.")
     num_train_epochs: float | None = number(1.0, 0.0, open_low=True, optional=True, help=(
         "Epochs to train when max_steps is not set."))
@@ -195,6 +205,9 @@ class TrainingOptions(DeclaredOptions):
     mixed_precision: str = choice("no", ("no", "bf16", "fp16"), help=(
         "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU)."))
     gradient_checkpointing: bool = flag(False, help="Recompute activations in the backward pass to save memory.")
+    disable_dropout: bool = flag(False, help=(
+        "Switch every dropout of the model off while training (each torch Dropout's p = 0, as TRL's disable_dropout), "
+        "the head's too; the saved config keeps its rates."))
     torch_compile: bool = flag(False, help=(
         "Compile the model with torch.compile (inductor; on a CPU it needs a C++ compiler): the backbone's and the "
         "head's layers fused, the head's fused losses eager; each epoch's last, shorter training batch is dropped, so "

@@ -8,6 +8,7 @@ wrong option fails with one message once the script is imported, not after the d
   device with the run's `model_overrides` and head options (`check_preset_model`);
 - a loss kernel the head options name: installed and able to run on this machine (`check_loss_kernel`);
 - generation metrics that exist, for a seq2seq run;
+- a learning-rate schedule that builds with its `lr_scheduler_kwargs` (`check_schedule`);
 - the checkpoint the run would resume (`resume: auto` finds the latest in output_dir): one
   written for another head type or backbone family is refused here, naming both. What only
   the built model shows (head options, vocabulary, shapes) is still checked when the
@@ -142,6 +143,22 @@ def check_generation_metrics(options) -> None:
         raise ValueError("Option generation_metrics (BLEU, chrF, ROUGE) applies to task: seq2seq.")
 
 
+def check_schedule(options) -> None:
+    """`lr_scheduler_type` builds with `lr_scheduler_kwargs` (e.g. cosine_with_min_lr needs min_lr_rate or
+    min_lr), on a stand-in optimizer."""
+    import torch
+    from transformers import get_scheduler
+
+    training = options.training
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=training.learning_rate)
+    try:
+        get_scheduler(training.lr_scheduler_type, optimizer, num_warmup_steps=training.warmup_steps,
+                      num_training_steps=training.max_steps or 1, scheduler_specific_kwargs=training.lr_scheduler_kwargs or None)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"Option lr_scheduler_kwargs={training.lr_scheduler_kwargs!r} does not fit lr_scheduler_type="
+                         f"{training.lr_scheduler_type}: {brief(error)}") from None
+
+
 def check_checkpoint(options) -> None:
     """Refuse the checkpoint `options.training.resume` points at when it was written for another head
     type or backbone family."""
@@ -190,5 +207,6 @@ def check_run(options) -> None:
     check_preset_model(options, planned)
     check_loss_kernel(options)
     check_generation_metrics(options)
+    check_schedule(options)
     check_checkpoint(options)
     check_hub(options)

@@ -5,11 +5,20 @@
 
 The head is part of the model config (`head_type`, `head_options`): nothing here depends
 on which head it is. `hf-outheads train --help` lists every option.
+
+This is the repository's one training loop (`loop.train_loop`) and optimizer (`make_optimizer`): the
+quickstart launches it, the scale comparison (`studies/scale_heads.py`) and `mtp-distill` call it in
+their process (`train_in_process`). What makes a step fast is the run's, for every user: a compiled
+step (`torch_compile`), torch's fused AdamW and TF32 matrix products on a GPU, batches collated and
+checked by worker processes, and no read from the device between logging steps. Each run logs its
+tokens/s, achieved TFLOP/s and MFU against its device's measured bf16 peak (`throughput.training_rates`,
+compilation and the first steps left out) in metrics.jsonl's final event and its results.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import shutil
@@ -19,12 +28,12 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import (DataLoaderConfiguration, DistributedType, ProjectConfiguration, broadcast_object_list,
                                set_seed)
 from torch.utils.data import DataLoader
-from transformers import DataCollatorForSeq2Seq, get_scheduler
+from transformers import get_scheduler
 
-from hf_outheads import IGNORE_INDEX
 from hf_outheads.frequency_bands import FrequencyBands
 from hf_outheads.training import data as data_lib
 from hf_outheads.training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
@@ -33,12 +42,13 @@ from hf_outheads.training.evaluation import (copy_scores, evaluate_perplexity, f
                                              generation_scores, sample_text)
 from hf_outheads.training.launching import accelerator_settings, check_process_count, check_sharding, first_process
 from hf_outheads.training.loop import train_loop
-from hf_outheads.training.modeling import build_model, parameter_counts, position_limit, step_flops
+from hf_outheads.training.modeling import build_model, parameter_counts, position_limit, step_flops, step_tokens
 from hf_outheads.training.options import RunOptions, parse_options
 from hf_outheads.training.preflight import check_run
 from hf_outheads.training.publish import finish_run
 from hf_outheads.training.safeguards import (EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work,
                                              release_run_locks)
+from hf_outheads.training.throughput import training_rates
 from hf_outheads.training.tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer,
                                                train_tokenizer)
 from hf_outheads.training.tracking import MetricsLog, Progress, trackers
@@ -89,6 +99,10 @@ def get_tokenizer(accelerator, options, train_split, resuming: bool):
     model = options.model
     if model.tokenizer not in TRAINABLE:
         return load_pretrained_tokenizer(model.pretrained if model.tokenizer == "auto" else model.tokenizer)
+    if data_lib.pretokenised(train_split):
+        raise ValueError(f"The training data is already tokenised (an {data_lib.TOKEN_IDS} column), so a "
+                         f"{model.tokenizer} tokenizer cannot be trained on it: set tokenizer to the folder or Hub id of "
+                         "the tokenizer its ids were made with.")
     saved = Path(options.training.output_dir) / "tokenizer.json"
     if accelerator.is_main_process and not (resuming and saved.exists()):
         texts = data_lib.training_texts(train_split, options)
@@ -99,29 +113,84 @@ def get_tokenizer(accelerator, options, train_split, resuming: bool):
     return load_saved_tokenizer(options.training.output_dir, auto=False)
 
 
-def get_dataloaders(accelerator, options, tokenizer, train_split, validation_split):
-    """(train, evaluation, generation-or-None) dataloaders, not yet prepared. A compiled run
-    (`torch_compile`) drops each epoch's last, shorter training batch: a batch of another size
-    would compile the model again (with dynamic shapes) in the middle of training. Worker
-    processes (`dataloader_num_workers`) of a training set with a length stay up across epochs,
-    so that no epoch starts by waiting for new ones."""
+def dataloader_workers(options, device) -> int:
+    """`dataloader_num_workers`, by default 4 on a GPU (at most the cores this process may use) and
+    0 on a CPU, where a worker would take a core from the step."""
+    given = options.training.dataloader_num_workers
+    if given is not None:
+        return given
+    return min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) \
+        if device.type == "cuda" else 0
+
+
+def example_lengths(options) -> dict[str, tuple[str, int]]:
+    """The most tokens an example may hold in each column, and the option that says so."""
+    data = options.data
+    if options.model.task == "causal_lm":
+        return {data_lib.TOKEN_IDS: ("block_size", data.block_size), "labels": ("block_size", data.block_size)}
+    return {data_lib.TOKEN_IDS: ("max_source_length", data.max_source_length),
+            "labels": ("max_target_length", data.max_target_length)}
+
+
+def get_dataloaders(accelerator, options, tokenizer, model, train_split, validation_split):
+    """(train, evaluation, generation-or-None) dataloaders, not yet prepared, the number of
+    validation examples (None streamed) and the training examples. Each batch is built and checked
+    against `model`'s vocabulary and the run's lengths on the host (`data.CheckedCollator`), by
+    worker processes (`dataloader_workers`) that stay up across epochs and evaluations, so that no
+    epoch or evaluation starts by waiting for new ones. A compiled run (`torch_compile`) drops each
+    epoch's last, shorter training batch: a batch of another size would compile the model again
+    (with dynamic shapes) in the middle of training."""
     with accelerator.main_process_first():
         train, validation = data_lib.tokenised_splits(train_split, validation_split, tokenizer, options)
-    collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=None)
     streaming, training = not hasattr(train, "__len__"), options.training
-    loading = dict(collate_fn=collator, num_workers=training.dataloader_num_workers, pin_memory=torch.cuda.is_available())
-    train_dl = DataLoader(train, shuffle=not streaming, batch_size=training.per_device_train_batch_size,
-                          drop_last=bool(training.torch_compile),
-                          persistent_workers=training.dataloader_num_workers > 0 and not streaming, **loading)
-    eval_dl = DataLoader(validation, batch_size=training.per_device_eval_batch_size, **loading)
+    workers = dataloader_workers(options, accelerator.device)
+    numbered = (lambda split: split) if streaming else data_lib.NumberedExamples
+
+    def loader(split, name, batch_size, **settings):
+        collator = data_lib.CheckedCollator(tokenizer, name, model.get_input_embeddings().num_embeddings,
+                                            model.config.vocab_size, example_lengths(options),
+                                            causal=options.model.task == "causal_lm")
+        return DataLoader(numbered(split), batch_size=batch_size, collate_fn=collator, num_workers=workers,
+                          pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0 and not streaming,
+                          **settings)
+
+    train_dl = loader(train, "training", training.per_device_train_batch_size, shuffle=not streaming,
+                      drop_last=bool(training.torch_compile))
+    eval_dl = loader(validation, "validation", training.per_device_eval_batch_size)
     gen_dl = None
     if training.generation_metrics:  # (a seq2seq run's: `preflight.check_generation_metrics`)
         subset = validation
         if training.num_generation_examples is not None:
             subset = validation.take(training.num_generation_examples) if streaming else validation.select(
                 range(min(training.num_generation_examples, len(validation))))
-        gen_dl = DataLoader(subset, batch_size=training.per_device_eval_batch_size, **loading)
-    return train_dl, eval_dl, gen_dl, (None if streaming else len(validation))
+        gen_dl = loader(subset, "validation", training.per_device_eval_batch_size)
+    return train_dl, eval_dl, gen_dl, (None if streaming else len(validation)), train
+
+
+def train_only(model, names: list[str]) -> None:
+    """Freeze every parameter but those of the modules `names` (`trainable_modules`; none given: all
+    train). A name that is no module of the model, or one without parameters, is a ValueError."""
+    if not names:
+        return
+    modules = dict(model.named_modules())
+    for name in names:
+        if name in modules and any(True for _ in modules[name].parameters()):
+            continue
+        what = "a module without parameters" if name in modules else "no module"
+        shallow = sorted(key for key in modules if key and key.count(".") <= 1)
+        raise ValueError(f"Option trainable_modules: {name!r} is {what} of the model; its modules are named like "
+                         f"{', '.join(shallow[:12])}, ...")
+    trained = {id(p) for name in names for p in modules[name].parameters()}
+    for parameter in model.parameters():
+        parameter.requires_grad_(id(parameter) in trained)
+
+
+def without_dropout(model) -> None:
+    """Every dropout of `model` off (`disable_dropout`): each `torch.nn.Dropout`'s p = 0, the head's
+    too (TRL's `disable_dropout_in_model`); the config's rates are left as they are."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
 
 
 def make_optimizer(model, options, fused: bool = False):
@@ -187,7 +256,8 @@ def accelerator_for(options) -> Accelerator:
         gradient_accumulation_steps=training.gradient_accumulation_steps,
         project_config=ProjectConfiguration(project_dir=training.output_dir),
         # batches pinned on a GPU (`get_dataloaders`) are copied to it without the host waiting for the device
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=torch.cuda.is_available()),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=training.data_seed,
+                                                  non_blocking=torch.cuda.is_available()),
         **accelerator_settings(),
     )
     try:
@@ -293,14 +363,19 @@ def prepare_run(options) -> PreparedRun:
     with accelerator.main_process_first():
         train_split, validation_split = data_lib.select_splits(data_lib.load_raw(options), options)
     tokenizer = get_tokenizer(accelerator, options, train_split, checkpoint is not None)
-    train_dl, eval_dl, gen_dl, n_validation = get_dataloaders(accelerator, options, tokenizer, train_split,
-                                                              validation_split)
     model = build_model(options, tokenizer)
     tokenizer.model_max_length = context_length(options, position_limit(model))  # saved with the model
-    word_counts = torch.as_tensor(data_lib.word_counts(train_dl.dataset, model.config.vocab_size))
-    model.head.set_word_counts(word_counts)
+    train_dl, eval_dl, gen_dl, n_validation, train_set = get_dataloaders(accelerator, options, tokenizer, model,
+                                                                         train_split, validation_split)
+    word_counts = torch.as_tensor(data_lib.word_counts(train_set, model.config.vocab_size))
+    trainable = options.model.trainable_modules
+    if not trainable or "head" in trainable:  # a frozen head keeps what it derived from its counts (mtp's draft words)
+        model.head.set_word_counts(word_counts)
     if tokenizer.pad_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
+    train_only(model, options.model.trainable_modules)
+    if training.disable_dropout:
+        without_dropout(model)
     if training.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     if training.torch_compile:
@@ -308,6 +383,7 @@ def prepare_run(options) -> PreparedRun:
     fused = accelerator.device.type == "cuda" and accelerator.distributed_type != DistributedType.DEEPSPEED
     counts, optimizer = parameter_counts(model), make_optimizer(model, options, fused)
     counts["train_flops_per_step"] = step_flops(model, options, accelerator.num_processes)
+    counts["train_tokens_per_step"] = step_tokens(options, accelerator.num_processes)
     model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
     if batches_per_epoch(train_dl) == 0:  # a compiled run drops a short last batch
         raise ValueError(f"The training set has fewer examples than one batch of every process "
@@ -317,7 +393,8 @@ def prepare_run(options) -> PreparedRun:
     max_steps = total_steps(options, train_dl)  # from the prepared (per-process) dataloader
     scheduler = accelerator.prepare(get_scheduler(  # accelerate steps it once per process
         training.lr_scheduler_type, optimizer, num_warmup_steps=training.warmup_steps * accelerator.num_processes,
-        num_training_steps=max_steps * accelerator.num_processes))
+        num_training_steps=max_steps * accelerator.num_processes,
+        scheduler_specific_kwargs=training.lr_scheduler_kwargs or None))
     gen_dl = accelerator.prepare(gen_dl) if gen_dl is not None else None
     progress = resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps)
     log = MetricsLog(accelerator, training.output_dir)
@@ -340,25 +417,24 @@ def eager(options):
     return contextlib.nullcontext()
 
 
-COMPILE_STEPS = 5  # a compiled run's first steps compile (and may recompile): left out of its step time
-
-
-def steady_step_time(step_times: list[float], options) -> float:
-    """Mean seconds of the steps after the warm-up: the first step, or with `torch_compile` the
-    first `COMPILE_STEPS` (when the run has more). A mean, not a median: no step waits for the
-    device, so a step's wall time is not its device time, but their sum is."""
-    warm = COMPILE_STEPS if options.training.torch_compile and len(step_times) > 2 * COMPILE_STEPS else 1
-    return sum(step_times[warm:]) / max(len(step_times) - warm, 1)
+COMPILE_STEPS = 5  # a compiled run's first steps compile (and may recompile): left out of its rates
 
 
 def final_results(run, step_times) -> dict:
+    """The final evaluation (and sample), the run's counts, and what its steps achieved
+    (`throughput.training_rates`: the first step, or a compiled run's first `COMPILE_STEPS`, left out)."""
     options, accelerator, training = run.options, run.accelerator, run.options.training
     results = evaluate_all(accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options, final=True,
                            bands=FrequencyBands(run.word_counts))
+    warm = COMPILE_STEPS if training.torch_compile else 1
     results.update(run.counts, validation_examples=run.n_validation,
-                   train_step_time_s=steady_step_time(step_times, options))
-    if options.model.task == "causal_lm":  # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once
-        prompt = training.sample_prompt or next(iter(run.validation_split))[options.data.text_column][:40]
+                   **training_rates(step_times, warm, run.counts["train_flops_per_step"],
+                                    run.counts["train_tokens_per_step"], accelerator.device, accelerator.num_processes),
+                   loss_path=accelerator.unwrap_model(run.model).head.loss_path(accelerator.device))
+    prompt = training.sample_prompt or data_lib.sample_prompt(run.validation_split, options, run.tokenizer)
+    # on every process: a sharded model (FSDP, ZeRO-3) runs on all of them at once; no prompt (pre-tokenised ids
+    # the tokenizer does not spell): no sample
+    if options.model.task == "causal_lm" and run.tokenizer(prompt, add_special_tokens=False)["input_ids"]:
         model = accelerator.unwrap_model(run.model)
         prompt, new_tokens = fit_to_context(run.tokenizer, prompt, training.sample_max_new_tokens, position_limit(model))
         sample = sample_text(model, run.tokenizer, prompt, new_tokens, training.seed)
@@ -381,15 +457,30 @@ def periodic_update_hook(accelerator, model, options) -> tuple:
     return every, lambda: head.periodic_update(reduce=lambda tensor: accelerator.reduce(tensor, reduction="sum"))
 
 
-def training_function(options) -> dict:
-    """Train, evaluate and publish (`run_training`); the output_dir's lock is released however it ends."""
+def training_function(options, callbacks=()) -> dict:
+    """Train, evaluate and publish (`run_training`); the output_dir's lock is released however it ends.
+    `callbacks`: called after every optimizer step (`loop.train_loop`)."""
     try:
-        return run_training(options)
+        return run_training(options, callbacks)
     finally:
         release_run_locks()
 
 
-def run_training(options) -> dict:
+def train_in_process(options, callbacks=()) -> dict:
+    """One run in a process that may hold others (a study's queue, `mtp-distill`), as a launched run:
+    the state an earlier run left is dropped first (accelerate's process-wide `AcceleratorState` and
+    `GradientState`, torch.compile's compiled code, which inductor's caches on disk compile again
+    quickly, and freed device memory)."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return training_function(options, callbacks)
+
+
+def run_training(options, callbacks=()) -> dict:
     with input_checks():
         run = prepare_run(options)
     accelerator, training = run.accelerator, options.training
@@ -404,7 +495,7 @@ def run_training(options) -> dict:
 
     hooks = [(training.eval_steps, evaluate), periodic_update_hook(accelerator, run.model, options)]
     interrupted, step_times = train_loop(accelerator, options, run.model, run.optimizer, run.scheduler, run.train_dl,
-                                         hooks, run.log, run.progress, run.max_steps, save)
+                                         hooks, run.log, run.progress, run.max_steps, save, callbacks)
     if interrupted:
         accelerator.print(f"Stopped after step {run.progress.step} (stop_after_steps); run the same command again "
                           "to resume and finish.")
@@ -413,7 +504,8 @@ def run_training(options) -> dict:
     with eager(options):
         results = final_results(run, step_times)
     results["train_flops"] = run.progress.step * run.counts["train_flops_per_step"]
-    run.log.log({"event": "final", "train_seconds": sum(step_times),
+    results["train_tokens"] = run.progress.step * run.counts["train_tokens_per_step"]
+    run.log.log({"event": "final",
                  **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt", "sample_max_new_tokens")}}, run.progress.step)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(run.model)  # every process: gathers a sharded model's full weights
@@ -442,7 +534,7 @@ def main(argv=None, options: RunOptions | None = None):
     options = options or parse_args(argv)
     try:
         training_function(options)
-    except NonFiniteError as error:  # said in full: no traceback
+    except (NonFiniteError, data_lib.BatchError) as error:  # found while training, said in full: no traceback
         raise refusal(error, status=1) from None
     except (OutputDirInUse, EarlierWork, InputError) as error:
         raise refusal(error) from None
