@@ -1,11 +1,12 @@
 """The head comparison at GPT-2-small size, on one GPU, as a queue that outlives a GPU lease:
 every head trains the same backbone on the same token budget and block order of the packed
-corpus (`training/corpora/debian_docs.py`), compiled (`torch.compile`), in bf16 autocast with sdpa
-attention, TF32 and fused AdamW, with no host sync per step; recorded per run: validation
-perplexity (during and after training), perplexity by training-frequency band
-(`hf_outheads.frequency_bands`), training tokens/s, training FLOPs (`hf_outheads.flops`), the
-achieved FLOP rate against the device's bf16 peak measured at the start of the call, and the
-loss path the head trained with.
+corpus (`training/corpora/debian_docs.py`) with `training/train.py`, the loop every user runs,
+called in this process (`train.train_in_process`): compiled (`torch_compile`), in bf16 with sdpa
+attention, TF32 and fused AdamW, with no host read between logging steps. Recorded per run, from
+train.py's results and metrics.jsonl: validation perplexity (during and after training), perplexity
+by training-frequency band (`hf_outheads.frequency_bands`), training tokens/s, training FLOPs
+(`hf_outheads.flops`), the achieved FLOP rate against the device's measured bf16 peak (MFU) and
+the loss path the head trained with.
 
     python -m studies.scale_heads --data data/scale_corpus --out OUTDIR --budget_s 300
     python -m studies.scale_heads --tabulate studies/results/scale_gpt2small/scale_runs.jsonl \\
@@ -15,17 +16,20 @@ The queue: the config's `queue` (run names in order) at the config's seed, then 
 for every run within `SECOND_SEED_WITHIN` of the best plain head (and for that head, so that
 seeds pair). `--runs` (default: the committed `studies/results/scale_gpt2small/scale_runs.jsonl`)
 holds the runs so far; the call copies them to `<out>/scale_runs.jsonl`, trains the next runs
-that fit `--budget_s` (a run predicted, from the rates of the runs so far, to end past it is left
-for the next call; one that still would, after its first `CHECK_STEP` steps, is given up), appends
-each finished run at once, and writes the tables of every run so far into `<out>`. Copying
-`<out>` over the committed folder records the call. `--heads` trains the names given instead.
+that fit `--budget_s` (a run predicted, from the rates of the runs so far on this device, to end
+past it is left for the next call; one that still would, after its first `CHECK_STEP` steps, is
+given up: a callback of train.py's loop, `Budget`), appends each finished run at once, and writes
+the tables of every run so far into `<out>`. Copying `<out>` over the committed folder records the
+call. `--heads` trains the names given instead.
 
-A lean path beside `training/train.py`, for a short GPU lease: the corpus is already
-tokenised and packed (no datasets, no tokenizer training there), the blocks sit on the
-device, and the loop is a plain AdamW loop. Head names and variants are resolved as in
-`studies/compare_heads.py` (a head type, or a key of the config's `head_options_by_head`
-with `head_type`); the tables are its `write_results` (first line: the command), plus speed
-and the comparison at equal wall time.
+What the study adds to train.py is only this: the queue, the budget and the tables. A run's
+options are the config's (`run_options`): the corpus as a pre-tokenised dataset (one row of ids a
+block, `debian_docs.write_dataset`), the blocks in one seeded order for every head and seed
+(`data_seed`: the config's seed), a cosine schedule to `min_lr_ratio` of the peak after
+`warmup_fraction` of the steps, `evaluations` evaluations on the first `eval_blocks` validation
+blocks. Head names and variants are resolved as in `studies/compare_heads.py` (a head type, or a
+key of the config's `head_options_by_head` with `head_type`); the tables are its `write_results`
+(first line: the command), plus speed and the comparison at equal wall time.
 `--override KEY=VALUE` replaces a config value (YAML syntax), e.g. for the `--tiny` check.
 """
 
@@ -35,76 +39,67 @@ import argparse
 import json
 import math
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
-from hf_outheads.training.options import head_spec
-from hf_outheads.training.throughput import peak_tflops
+from hf_outheads.training.options import RunOptions, head_spec
+from hf_outheads.training.throughput import device_name, peak_tflops
+from hf_outheads.training.train import COMPILE_STEPS
 
 RUNS_FILE = "scale_runs.jsonl"
 RESULTS = Path(__file__).parent / "results" / "scale_gpt2small"  # the committed runs: the queue's state
-WARM_STEP, CHECK_STEP = 5, 15  # steps up to WARM_STEP compile (and may recompile): rates are timed after it;
-# at CHECK_STEP a run's end is predicted again (--budget_s)
+WARM_STEP, CHECK_STEP = COMPILE_STEPS, 15  # steps up to WARM_STEP compile (and may recompile): train.py times its
+# rates after them; at CHECK_STEP a run's end is predicted again (--budget_s)
 SECOND_SEED_WITHIN = 0.03  # a second seed for a run whose perplexity is within 3% of the best plain head's
-FIRST_RUN_OVERHEAD_S = 120  # compilation and the first step, before any run on this device measured them
+# what a run's row keeps of train.py's results (the rest of the row: the study's names, settings and curve)
+RESULT_FIELDS = ("eval_perplexity", "eval_tokens", "eval_bands", "parameters", "head_parameters", "train_tokens",
+                 "train_seconds", "first_step_s", "warm_up_s", "warm_up_steps", "train_step_time_s", "tokens_per_s",
+                 "train_flops_per_step", "train_flops", "achieved_tflops", "peak_tflops", "mfu", "loss_path", "device")
 
 
-def build_model(cfg: dict, head: str, given, tokenizer, block_size: int):
-    """The GPT-2-shaped model of `cfg` with head `head` and its given options (`HeadSpec.options`)."""
-    from transformers import GPT2Config
-
-    from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
-
-    drop = cfg["dropout"]
-    text = GPT2Config(n_layer=cfg["n_layer"], n_embd=cfg["n_embd"], n_head=cfg["n_head"], n_positions=block_size,
-                      vocab_size=len(tokenizer), resid_pdrop=drop, embd_pdrop=drop, attn_pdrop=drop,
-                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa")
-    return OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=head, head_options=given))
-
-
-def optimizer_for(model, cfg: dict, fused: bool):
-    """AdamW, no weight decay on 1-d parameters (biases, norms), as training/train.py."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg["weight_decay"]},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg["learning_rate"], betas=tuple(cfg["adam_betas"]), fused=fused)
-
-
-def block_order(blocks: int, steps: int, batch: int, seed: int) -> np.ndarray:
-    """Indices of the `steps x batch` training blocks: epochs of fresh permutations (one seed,
-    the same for every head), as many as the budget needs."""
-    rng = np.random.default_rng(seed)
-    epochs = math.ceil(steps * batch / blocks)
-    return np.concatenate([rng.permutation(blocks) for _ in range(epochs)])[: steps * batch].reshape(steps, batch)
+def run_options(cfg: dict, name: str, seed: int, corpus: Path, data_files: dict, output_dir: Path) -> RunOptions:
+    """train.py's options of run `name` at `seed`: the config's GPT-2 shape (the `gpt2-small` preset with its
+    layers, width and heads) and training settings, on the corpus's blocks (`corpus` holds its tokenizer,
+    `data_files` its pre-tokenised splits); bf16 on a GPU; a logging step (a read of the device) every
+    `WARM_STEP` steps, so that the steps up to `WARM_STEP` and `CHECK_STEP` are timed to the device."""
+    block = json.loads((corpus / "corpus.json").read_text())["block_size"]
+    batch = cfg["batch_size"]
+    steps = max(1, cfg["train_tokens"] // (batch * block))
+    beta1, beta2 = cfg["adam_betas"]
+    return RunOptions.from_flat(dict(
+        task="causal_lm", model_preset="gpt2-small",
+        model_overrides={"n_layer": cfg["n_layer"], "n_embd": cfg["n_embd"], "n_head": cfg["n_head"], "n_positions": block},
+        dropout=cfg["dropout"], head_type=name, head_options_by_head=cfg.get("head_options_by_head", {}),
+        tokenizer=str(corpus), data_files=data_files, block_size=block, max_eval_samples=cfg.get("eval_blocks"),
+        seed=seed, data_seed=cfg["seed"], per_device_train_batch_size=batch,
+        per_device_eval_batch_size=cfg["eval_batch_size"], learning_rate=cfg["learning_rate"],
+        weight_decay=cfg["weight_decay"], adam_beta1=beta1, adam_beta2=beta2, max_grad_norm=1.0,
+        lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": cfg["min_lr_ratio"]},
+        warmup_steps=round(cfg["warmup_fraction"] * steps), max_steps=steps,
+        eval_steps=math.ceil(steps / cfg["evaluations"]), logging_steps=WARM_STEP,
+        mixed_precision="bf16" if torch.cuda.is_available() else "no", torch_compile=bool(cfg.get("torch_compile")),
+        sample_max_new_tokens=8, output_dir=str(output_dir), overwrite_output_dir=True, resume="never",
+        report_to="jsonl"))
 
 
-def evaluate(model, validation: torch.Tensor, word_counts, batch: int, bf16: bool) -> dict:
-    """Validation perplexity and its frequency bands (every block, the model's own shift)."""
-    from hf_outheads.frequency_bands import frequency_band_perplexity
+def planned_model(options: RunOptions, tokenizer):
+    """The run's model on the meta device (nothing allocated): its FLOPs and attention, before it trains."""
+    from hf_outheads.training.modeling import build_model
 
-    batches = ({"input_ids": ids, "labels": ids} for ids in validation.split(batch))
-    with torch.autocast(validation.device.type, dtype=torch.bfloat16, enabled=bf16):
-        bands = frequency_band_perplexity(model, batches, word_counts)
-    tokens = sum(b["tokens"] for b in bands.values())
-    nll = sum(b["tokens"] * math.log(b["perplexity"]) for b in bands.values() if b["tokens"])
-    return {"eval_perplexity": math.exp(nll / tokens), "eval_tokens": tokens, "eval_bands": bands}
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    with torch.device("meta"):
+        return build_model(options, tokenizer)
 
 
 def predicted_seconds(flops: float, evaluations: int, eval_flops: float, runs: list[dict]) -> float | None:
     """Seconds a run of `flops` training FLOPs would take, from the slowest rate and the largest
-    first-step time (compilation) of `runs` (the runs so far on this kind of device); None
-    without such runs."""
+    warm-up time (compilation) of `runs` (the runs so far on this kind of device); None without
+    such runs."""
     if not runs:
         return None
     rate = min(run["achieved_tflops"] for run in runs) * 1e12
@@ -112,115 +107,89 @@ def predicted_seconds(flops: float, evaluations: int, eval_flops: float, runs: l
     return overhead + flops / rate + evaluations * eval_flops / 3 / rate  # an evaluation: forwards only
 
 
-def train_head(name: str, cfg: dict, data: dict, device, deadline: float | None = None, seed: int | None = None,
-               peak: float | None = None, earlier: list[dict] = ()):
-    """Train and evaluate one run; None (with a line saying why) when it would end after
-    `deadline` (a `time.perf_counter()` value): predicted from `earlier` runs before it starts,
-    and again after `CHECK_STEP` steps."""
-    from transformers import get_scheduler
+class GivenUp(Exception):
+    """A run that would end past the call's budget (`Budget`): left for the next call."""
 
-    from hf_outheads.flops import training_flops_per_step
 
-    spec = head_spec(name, cfg.get("head_options_by_head", {}))
-    head, given, options = spec.head_type, spec.options, spec.spelt_out()
-    seed = cfg["seed"] if seed is None else seed
-    block, batch = data["train"].shape[1], cfg["batch_size"]
-    steps = max(1, cfg["train_tokens"] // (batch * block))
-    torch.manual_seed(seed)
-    model = build_model(cfg, head, given, data["tokenizer"], block)
-    per_step = training_flops_per_step(model, batch * block, block)
-    validation = data["validation"][: cfg.get("eval_blocks")]  # None: every block
-    predicted = predicted_seconds(per_step * steps, cfg["evaluations"], per_step / batch * len(validation), earlier)
+class Budget:
+    """A callback of train.py's loop (`loop.train_loop`): after `CHECK_STEP` steps (or the run's last, when
+    it has fewer but more than `WARM_STEP`), the run's end is predicted from its steps after `WARM_STEP`
+    (step times that include the waits for the device at the logging steps, `run_options`), its
+    evaluations and the tables; past `deadline` (a `time.perf_counter()` value), the run is given up."""
+
+    def __init__(self, deadline: float, steps: int, evaluations: int, eval_batches_per_batch: float):
+        self.deadline, self.steps, self.evaluations = deadline, steps, evaluations
+        self.eval_batches_per_batch = eval_batches_per_batch
+
+    def __call__(self, progress, step_times: list[float]) -> None:
+        check = min(CHECK_STEP, self.steps)
+        if progress.step != check or check <= WARM_STEP:
+            return
+        step_s = sum(step_times[WARM_STEP:]) / (len(step_times) - WARM_STEP)
+        evaluation_s = step_s * self.eval_batches_per_batch / 2  # a forward, no backward
+        end = time.perf_counter() + step_s * (self.steps - check) * 1.03 + evaluation_s * self.evaluations + 15
+        if end > self.deadline:
+            raise GivenUp(f"given up after {check} steps: {step_s:.3f} s a step would end {end - self.deadline:.0f} s "
+                          "past --budget_s")
+
+
+def curve(metrics: list[dict]) -> list[dict]:
+    """The run's evaluations (train.py's periodic ones and its final one) with the training loss last
+    logged by then."""
+    points, loss = [], None
+    for record in metrics:
+        loss = record.get("train_loss", loss)
+        if "eval_perplexity" in record:
+            points.append({"step": record["step"], "train_seconds": record["train_seconds"],
+                           "train_flops": record["train_flops"], "eval_perplexity": record["eval_perplexity"],
+                           "train_loss": loss})
+    return points
+
+
+def train_run(name: str, seed: int, cfg: dict, corpus: Path, data_files: dict, scratch: Path,
+              deadline: float | None = None, earlier: list[dict] = ()) -> dict | None:
+    """Train and evaluate one run with train.py; its row of `scale_runs.jsonl`, or None (with a line
+    saying why) when it would end after `deadline`: predicted from `earlier` runs before it starts, and
+    again after `CHECK_STEP` steps (`Budget`)."""
+    from hf_outheads.training.modeling import step_flops
+    from hf_outheads.training.preflight import check_run
+    from hf_outheads.training.tokenization import load_pretrained_tokenizer
+    from hf_outheads.training.tracking import read_metrics
+    from hf_outheads.training.train import train_in_process
+
+    output_dir = scratch / f"{name}-seed{seed}"
+    options = run_options(cfg, name, seed, corpus, data_files, output_dir)
+    check_run(options)
+    training, spec = options.training, options.model.head
+    model = planned_model(options, load_pretrained_tokenizer(str(corpus)))
+    per_step, batch, steps = step_flops(model, options, 1), training.per_device_train_batch_size, training.max_steps
+    validation = json.loads((corpus / "corpus.json").read_text())["splits"]["validation"]["blocks"]
+    validation = min(validation, options.data.max_eval_samples or validation)
+    evaluations = math.ceil(steps / training.eval_steps)
+    predicted = predicted_seconds(per_step * steps, evaluations, per_step / batch * validation, earlier)
     if deadline is not None and predicted is not None and time.perf_counter() + predicted > deadline:
         print(f"=== {name} (seed {seed}): left for the next call: predicted {predicted:.0f} s, "
               f"{deadline - time.perf_counter():.0f} s left of --budget_s", flush=True)
         return None
-    bf16 = device.type == "cuda"
-    model.to(device).train()
-    model.head.set_word_counts(torch.as_tensor(data["word_counts"]))
-    optimizer = optimizer_for(model, cfg, fused=device.type == "cuda")
-    loss_path = model.head.loss_path(device)
-    forward = model
-    if cfg.get("torch_compile"):
-        forward = torch.compile(model)  # the same parameters; evaluation runs the eager model
-    scheduler = get_scheduler("cosine_with_min_lr", optimizer, num_warmup_steps=round(cfg["warmup_fraction"] * steps),
-                              num_training_steps=steps, scheduler_specific_kwargs={"min_lr_rate": cfg["min_lr_ratio"]})
-    periodic = model.head.updates_periodically
-    if periodic:
-        model.head.begin_periodic_updates()
-    order = torch.from_numpy(block_order(len(data["train"]), steps, batch, cfg["seed"])).to(device)
-    evals = {round(steps * (k + 1) / cfg["evaluations"]) for k in range(cfg["evaluations"])}
-    curve, train_s, first_step_s, warm = [], 0.0, None, (1, 0.0)
-    print(f"=== {name} (seed {seed}): {given if given is not None else head}, {steps} steps of {batch} x {block} tokens, "
-          f"{per_step * steps:.3g} FLOPs, loss: {loss_path}"
+    print(f"=== {name} (seed {seed}): {spec.options if spec.options is not None else spec.head_type}, {steps} steps of "
+          f"{batch} x {options.data.block_size} tokens, {per_step * steps:.3g} FLOPs"
           + (f", predicted {predicted:.0f} s" if predicted is not None else ""), flush=True)
-    synchronize(device)
-    start = time.perf_counter()
-    for step in range(1, steps + 1):
-        ids = data["train"][order[step - 1]]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = forward(input_ids=ids, labels=ids).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step in (1, min(WARM_STEP, steps), min(CHECK_STEP, steps)):
-            synchronize(device)
-            elapsed = train_s + time.perf_counter() - start  # training seconds so far
-            first_step_s = elapsed if step == 1 else first_step_s
-            warm = (step, elapsed) if step == min(WARM_STEP, steps) else warm
-        if deadline is not None and step == min(CHECK_STEP, steps) > warm[0]:
-            now = time.perf_counter()
-            step_s = (elapsed - warm[1]) / (step - warm[0])
-            evaluation_s = step_s * len(data["validation"][: cfg.get("eval_blocks")]) / batch / 2  # a forward, no backward
-            end = now + step_s * (steps - step) * 1.03 + evaluation_s * len(evals) + 15  # + the tables
-            if end > deadline:
-                print(f"=== {name} (seed {seed}): given up after {step} steps: {step_s:.3f} s a step would end "
-                      f"{end - deadline:.0f} s past --budget_s", flush=True)
-                return None
-        if step in evals:
-            synchronize(device)
-            train_s += time.perf_counter() - start
-            if periodic:
-                model.head.periodic_update()
-            result = evaluate(model, validation, data["word_counts"], cfg["eval_batch_size"], bf16)
-            model.train()
-            curve.append({"step": step, "train_seconds": train_s, "train_flops": per_step * step,
-                          "eval_perplexity": result["eval_perplexity"], "train_loss": float(loss.detach())})
-            print(f"    step {step}/{steps}: loss {float(loss.detach()):.3f}, val. perplexity {result['eval_perplexity']:.2f}, "
-                  f"{train_s:.0f} s", flush=True)
-            synchronize(device)
-            start = time.perf_counter()
-    tokens = steps * batch * block
-    steady = (train_s - warm[1]) / (steps - warm[0]) if steps > warm[0] else (train_s - first_step_s) / max(steps - 1, 1)
-    return {
-        "name": name, "head": head, "head_options": options, "seed": seed, **result,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "head_parameters": sum(p.numel() for p in model.head.parameters()),
-        "train_steps": steps, "train_tokens": tokens, "train_seconds": train_s, "first_step_s": first_step_s,
-        "warm_up_s": warm[1], "warm_up_steps": warm[0],
-        "train_step_time_s": steady, "tokens_per_s": batch * block / steady,
-        "train_flops_per_step": per_step, "train_flops": per_step * steps,
-        "achieved_tflops": per_step / steady / 1e12, "peak_tflops": peak,
-        "mfu": per_step / steady / (peak * 1e12) if peak else None,
-        "attn_implementation": model.config.text_config._attn_implementation, "loss_path": loss_path,
-        "torch_compile": bool(cfg.get("torch_compile")), "torch": torch.__version__,
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "dtype": "bf16 autocast" if bf16 else "fp32", "model": {k: cfg[k] for k in ("n_layer", "n_embd", "n_head")},
-        "curve": curve,
-    }
-
-
-def load_data(folder: Path, device) -> dict:
-    from hf_outheads.training.corpora.debian_docs import load_blocks
-    from hf_outheads.training.tokenization import load_tokenizer
-
-    tokenizer = load_tokenizer(str(folder), auto=False)
-    train, validation = load_blocks(folder, "train"), load_blocks(folder, "validation")
-    return {"tokenizer": tokenizer, "word_counts": np.bincount(train.ravel(), minlength=len(tokenizer)),
-            "train": torch.from_numpy(train.astype(np.int64)).to(device),
-            "validation": torch.from_numpy(validation.astype(np.int64)).to(device)}
+    callbacks = [] if deadline is None else [Budget(deadline, steps, evaluations, validation / batch)]
+    try:
+        results = train_in_process(options, callbacks)
+    except GivenUp as error:
+        print(f"=== {name} (seed {seed}): {error}", flush=True)
+        return None
+    row = {"name": name, "head": spec.head_type, "head_options": spec.spelt_out(), "seed": seed,
+           **{key: results[key] for key in RESULT_FIELDS}, "train_steps": steps,
+           "attn_implementation": model.config.text_config._attn_implementation,
+           "torch_compile": training.torch_compile, "torch": torch.__version__,
+           "dtype": "bf16 autocast" if training.mixed_precision == "bf16" else "fp32",
+           "model": {key: cfg[key] for key in ("n_layer", "n_embd", "n_head")}, "curve": curve(read_metrics(output_dir))}
+    shutil.rmtree(output_dir)
+    print(f"=== {name} (seed {seed}): val. perplexity {row['eval_perplexity']:.2f}, {row['tokens_per_s']:,.0f} tokens/s, "
+          f"{row['train_seconds']:.0f} s of training, loss: {row['loss_path']}", flush=True)
+    return row
 
 
 def read_runs(paths) -> list[dict]:
@@ -336,7 +305,6 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, required=True, help="folder of scale_runs.jsonl and the tables")
     parser.add_argument("--budget_s", type=float, help="leave runs predicted to end after this many seconds")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="replace a config value")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="RUNS_JSONL", help="only tabulate these runs")
     args = parser.parse_args(argv)
     command = "python -m studies.scale_heads " + shlex.join(map(portable, sys.argv[1:] if argv is None else argv))
@@ -354,8 +322,7 @@ def main(argv=None):
         cfg["queue"] = [n.strip() for n in args.heads.split(",") if n.strip()]
     for name in cfg["queue"]:
         head_spec(name, cfg.get("head_options_by_head", {}))  # an unknown head or a wrong option fails before training
-    started, device = time.perf_counter(), torch.device(args.device)
-    torch.backends.cuda.matmul.allow_tf32 = True
+    started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     runs_file = args.out / RUNS_FILE
     runs = read_runs([args.runs]) if args.runs.resolve() != runs_file.resolve() else []
@@ -367,28 +334,29 @@ def main(argv=None):
     if not todo:
         print(f"=== nothing left in the queue: every run is in {runs_file}", flush=True)
         return tabulate([runs_file], args.out, command)
-    peak = peak_tflops(device.type)
-    device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"=== {device_name}" + (f": dense bf16 peak measured {peak:.0f} TFLOP/s" if peak else "")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # (what train.py's accelerate picks)
+    peak, name_of_device = peak_tflops(device.type), device_name(device)
+    print(f"=== {name_of_device}" + (f": dense bf16 peak measured {peak:.0f} TFLOP/s" if peak else "")
           + f"; queue: {', '.join(f'{n} (seed {s})' for n, s in todo)}", flush=True)
-    data = load_data(args.data, device)
+    from hf_outheads.training.corpora.debian_docs import write_dataset
+
     deadline = None if args.budget_s is None else started + args.budget_s
     left = set()  # runs left for the next call
-    while todo:
-        name, seed = todo.pop(0)
-        earlier = [run for run in runs if run["device"] == device_name]
-        run = train_head(name, cfg, data, device, deadline, seed, peak, earlier)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if run is None:
-            left.add((name, seed))
-        else:
-            run["command"] = command
-            with runs_file.open("a") as out:
-                out.write(json.dumps(run) + "\n")
-            runs.append(run)
-        if not todo:  # the second seeds, once every first run is done
-            todo = [item for item in queue(cfg, runs, second_seeds) if item not in left]
+    with tempfile.TemporaryDirectory(prefix="scale_heads-") as scratch:
+        data_files = write_dataset(args.data, Path(scratch) / "corpus")
+        while todo:
+            name, seed = todo.pop(0)
+            earlier = [run for run in runs if run["device"] == name_of_device]
+            run = train_run(name, seed, cfg, args.data, data_files, Path(scratch), deadline, earlier)
+            if run is None:
+                left.add((name, seed))
+            else:
+                run["command"] = command
+                with runs_file.open("a") as out:
+                    out.write(json.dumps(run) + "\n")
+                runs.append(run)
+            if not todo:  # the second seeds, once every first run is done
+                todo = [item for item in queue(cfg, runs, second_seeds) if item not in left]
     tabulate([runs_file], args.out, command)
 
 

@@ -1,12 +1,15 @@
-"""studies/scale_heads.py, the lean trainer of the scale comparison, at a tiny size: every
-head sees the same blocks in the same order, a run that would overrun --budget_s is left for the
-next call (predicted from the runs so far) or given up rather than cut short, a finished run is
-not trained again, the queue adds second seeds for runs close to the best plain head, and the
-runs tabulate (equal steps, equal FLOPs, equal wall time, speed)."""
+"""studies/scale_heads.py, the scale comparison's queue over train.py's runs, at a tiny size: a run
+that would overrun --budget_s is left for the next call (predicted from the runs so far) or given up
+rather than cut short (a callback of train.py's loop), a finished run is not trained again, the queue
+adds second seeds for runs close to the best plain head, and the runs tabulate (equal steps, equal
+FLOPs, equal wall time, speed). No test reads a clock against a budget: the budgets are 0 or far below
+what the given rates predict."""
 
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ from hf_outheads.training.corpora.debian_docs import pack
 
 TINY = ["--override", "n_layer=1", "--override", "n_embd=16", "--override", "n_head=2", "--override",
         "train_tokens=256", "--override", "batch_size=2", "--override", "evaluations=2", "--override", "eval_blocks=4",
-        "--override", "torch_compile=false", "--device", "cpu"]
+        "--override", "torch_compile=false"]
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +30,6 @@ def corpus(tmp_path_factory):
     pack([(f"doc{i}", " ".join(rng.choice(words, 60))) for i in range(40)], folder, vocab_size=280, block_size=16,
          validation_percent=20)
     return folder
-
-
-def test_block_order_is_one_permutation_per_epoch():
-    order = scale_heads.block_order(blocks=5, steps=4, batch=3, seed=1)
-    assert order.shape == (4, 3)
-    flat = order.ravel()
-    assert sorted(flat[:5]) == list(range(5)) and sorted(flat[5:10]) == list(range(5))
-    assert np.array_equal(order, scale_heads.block_order(5, 4, 3, 1))
 
 
 def runs_in(folder):
@@ -55,8 +50,8 @@ def test_a_run_over_budget_is_left_and_a_finished_one_is_reused(corpus, tmp_path
     scale_heads.main(["--data", str(corpus), "--heads", "tied", "--out", str(out), "--runs", str(out / "scale_runs.jsonl"),
                       *TINY])
     assert "nothing left in the queue" in capsys.readouterr().out and len(runs_in(out)) == 2
-    # a call that starts from those runs: mos (K = 15) is predicted from their rates to overrun a tight budget
-    slow = [dict(run, achieved_tflops=run["achieved_tflops"] / 1e3) for run in runs]
+    # a call that starts from runs of 1 FLOP/s: mos (K = 15) is predicted to take longer than any budget
+    slow = [dict(run, achieved_tflops=1e-12, warm_up_s=0.0) for run in runs]
     (tmp_path / "slow.jsonl").write_text("".join(json.dumps(run) + "\n" for run in slow))
     scale_heads.main(["--data", str(corpus), "--heads", "tied,mos", "--out", str(tmp_path / "next"), "--budget_s", "60",
                       "--runs", str(tmp_path / "slow.jsonl"), *TINY])
@@ -67,6 +62,35 @@ def test_a_run_over_budget_is_left_and_a_finished_one_is_reused(corpus, tmp_path
     text = (table / "results.md").read_text()
     assert text.startswith("Command: `python ") and "| mos-k1 |" in text and "tokens/s" in text
     assert "Equal wall time" in text and "| loss path |" in text
+
+
+def test_every_run_of_a_call_trains_on_the_same_blocks_in_the_same_order(corpus, tmp_path, monkeypatch):
+    """A run's options (train.py's): the corpus's blocks as pre-tokenised data, drawn in the config's seed's order
+    whatever the run's seed; the config's schedule, evaluations and logging steps (each a read of the device)."""
+    cfg = {**scale_heads.yaml.safe_load(scale_heads.RESULTS.parent.parent.joinpath("configs", "scale_gpt2small.yaml")
+                                        .read_text()), "train_tokens": 10 * 32 * 16}
+    options = [scale_heads.run_options(cfg, name, seed, corpus, {"train": "t.parquet"}, tmp_path / name)
+               for name, seed in (("tied", 1), ("mos", 1), ("tied", 2))]
+    assert {o.training.data_seed for o in options} == {cfg["seed"]} and [o.training.seed for o in options] == [1, 1, 2]
+    assert [o.model.head.head_type for o in options] == ["tied", "mos", "tied"]
+    assert options[1].model.head.options.num_components == 4  # the config's variant
+    training = options[0].training
+    assert (training.max_steps, training.eval_steps, training.logging_steps) == (10, 2, scale_heads.WARM_STEP)
+    assert training.lr_scheduler_type == "cosine_with_min_lr" and training.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
+    assert options[0].data.data_files == {"train": "t.parquet"} and options[0].data.block_size == 16
+
+
+def test_the_budget_gives_a_run_up_after_its_check_step_when_its_end_is_past_the_deadline():
+    """`Budget`, train.py's callback: the end predicted from the steps after the warm-up (given times, no clock read
+    against them but the deadline's own, minutes away)."""
+    progress = SimpleNamespace(step=scale_heads.CHECK_STEP)
+    times = [10.0] * scale_heads.WARM_STEP + [1.0] * (scale_heads.CHECK_STEP - scale_heads.WARM_STEP)
+    roomy = scale_heads.Budget(time.perf_counter() + 600, steps=20, evaluations=2, eval_batches_per_batch=1)
+    roomy(progress, times)  # 5 more steps of 1 s and two evaluations: within 10 minutes
+    tight = scale_heads.Budget(time.perf_counter() + 600, steps=2000, evaluations=2, eval_batches_per_batch=1)
+    with pytest.raises(scale_heads.GivenUp, match=r"given up after 15 steps: 1.000 s a step would end \d+ s past"):
+        tight(progress, times)
+    tight(SimpleNamespace(step=scale_heads.CHECK_STEP - 1), times)  # checked at CHECK_STEP only
 
 
 def test_the_queue_adds_second_seeds_close_to_the_best_plain_head():

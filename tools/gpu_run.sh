@@ -6,13 +6,13 @@
 #   python -m hf_outheads.training.corpora.debian_docs data/scale_corpus
 #                                      # here: the packed corpus of the scale comparison
 #   tools/gpu_run.sh "$OUT"            # there, carrying .whl and data/scale_corpus (about 9 min): the next
-#                                      #   runs of the scale queue (studies/scale_heads.py)
+#                                      #   runs of the scale queue (studies/scale_heads.py: train.py's runs)
 #   cp -r OUT/scale/. studies/results/scale_gpt2small/   # here: the queue's state and tables, committed
 #
 #   tools/gpu_run.sh "$OUT" --part bench   # there, when the kernels change (about 7 min): CUDA tests, the
 #                                      #   fused losses against their peers, every loss path against tied
 #                                      #   (|V| 32K and 128K, and at GPT-2-small shape), train.py compiled
-#                                      #   at GPT-2-small shape
+#                                      #   at GPT-2-small shape (tokens/s and MFU beside the study's tied run)
 #
 # Whoever holds a GPU runs the same command; it continues the queue from the committed runs, so each
 # lease adds runs until the comparison is complete (a run predicted to overrun the budget is left for
@@ -95,7 +95,6 @@ EOF
 
 if [ $TINY -eq 1 ]; then
     LIMIT_SCALE=5  # the GPU's limits, stretched for a shared CPU
-    DEVICE=cpu
     TESTS=(tests/test_cuda.py)  # collected and skipped (the kernels' interpreter tests run in the suite)
     VOCABS=(512)  # every head of the catalog
     BENCH=(--device cpu --positions 512 --reps 1 --threads 1 --allow-busy --no-generate)
@@ -111,7 +110,6 @@ if [ $TINY -eq 1 ]; then
     SCALE_S=  # no budget: every head trains
 else
     LIMIT_SCALE=1
-    DEVICE=cuda
     TESTS=(tests/test_cuda.py tests/test_loss_kernels.py)
     VOCABS=(32000 128000)  # every head of the catalog at the first, the loss paths at issue at the others
     BENCH=(--device cuda --positions 8192 --reps 5 --no-loss-peers --allow-busy --no-generate)
@@ -119,7 +117,6 @@ else
           --no-generate --profile mos)
     LOSS=(--device cuda --vocab 32000,128000 --positions 8192 --dim 2048 --reps 5 --own_chunk_exponents 24,25,26)
     TRAIN=(--model_preset gpt2-small --block_size 1024 --tokenizer data/scale_corpus --per_device_train_batch_size 32
-           --dataloader_num_workers 4
            --max_steps 30 --logging_steps 10 --max_eval_samples 32 --sample_max_new_tokens 8 --mixed_precision bf16)
     CORPUS=data/scale_corpus  # (relative: the runs record their command)
     SCALE=()
@@ -145,16 +142,18 @@ part_bench() {  # correctness on CUDA, then issue 40's measurements, then train.
     tail -n 5 "$OUT/train.log"
     $PY - "$SCRATCH/train/metrics.jsonl" <<'EOF' || true
 import json, sys
-import torch
-rows = [json.loads(line) for line in open(sys.argv[1])]
-start, final = rows[0], rows[-1]
-flops, step_s = start["train_flops_per_step"], final.get("train_step_time_s")
-print(f"=== train.py: {flops / step_s / 1e12:.1f} TFLOP/s, {step_s * 1e3:.1f} ms a step after the first"
-      if step_s else "=== train.py: no step time")
-if step_s and torch.cuda.is_available():
-    from hf_outheads.training.throughput import bf16_peak_tflops
-    peak = bf16_peak_tflops()
-    print(f"=== train.py: {flops / step_s / 1e12 / peak:.1%} of the {peak:.0f} TFLOP/s measured peak")
+from pathlib import Path
+final = [json.loads(line) for line in open(sys.argv[1])][-1]  # the run's final event: its rates (throughput.py)
+print(f"=== train.py: {final['tokens_per_s']:,.0f} tokens/s, {final['achieved_tflops']:.1f} TFLOP/s, "
+      f"{final['train_step_time_s'] * 1e3:.1f} ms a step after the first {final['warm_up_steps']}, "
+      + (f"MFU {final['mfu']:.1%} of the {final['peak_tflops']:.0f} TFLOP/s measured peak" if final["mfu"] else "no MFU (CPU)")
+      + f", {final['device']}")
+runs = Path("studies/results/scale_gpt2small/scale_runs.jsonl").read_text().splitlines()
+study = [run for run in map(json.loads, runs) if run["name"] == "tied" and run["device"] == final["device"]]
+if study:  # the study's tied run on this kind of card (the same loop since issue 48)
+    run = study[-1]
+    print(f"=== the scale study's tied run on this card: {run['tokens_per_s']:,.0f} tokens/s, MFU {run['mfu']:.1%}: "
+          f"train.py at {final['tokens_per_s'] / run['tokens_per_s']:.2f}x its tokens/s")
 EOF
 }
 
@@ -165,7 +164,7 @@ part_scale() {  # the next runs of the scale queue that fit the part's budget
     fi
     local budget=()
     [ -n "$SCALE_S" ] && budget=(--budget_s $((SCALE_S - (SECONDS - PART_START))))
-    step "scale queue" 580 $PY -m studies.scale_heads --data "$CORPUS" --out "$OUT/scale" --device $DEVICE \
+    step "scale queue" 580 $PY -m studies.scale_heads --data "$CORPUS" --out "$OUT/scale" \
         "${budget[@]}" "${SCALE[@]}"
 }
 

@@ -240,6 +240,23 @@ def load_blocks(folder: Path, split: str) -> np.ndarray:
     return np.frombuffer(lzma.decompress(data), dtype="<u2").reshape(-1, info["block_size"])
 
 
+def write_dataset(folder: Path, out: Path) -> dict[str, str]:
+    """The packed splits as a pre-tokenised dataset that `training/train.py` trains on as it is (its
+    `data_files`; `training/data.py`): a parquet file per split in `out`, one row of `input_ids` a
+    block. Returns the `data_files` mapping."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split in ("train", "validation"):
+        blocks = load_blocks(folder, split)
+        offsets = pa.array(np.arange(0, blocks.size + 1, blocks.shape[1], dtype=np.int32))
+        files[split] = str(out / f"{split}.parquet")
+        pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(offsets, pa.array(blocks.ravel()))}), files[split])
+    return files
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="folder to write the tokenizer and the packed splits into")
