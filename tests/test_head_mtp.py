@@ -502,9 +502,12 @@ def test_short_sequences_and_ignored_labels_stay_finite():
 
 def test_self_distillation_trains_the_predictors_alone_and_raises_acceptance(tmp_path):
     """`hf_outheads.training.mtp_distill`: the predictors learn the model's own greedy continuations (labels on the
-    continuations only); the next-token model keeps every value, and drafting on those prompts keeps
-    more of its drafts than before."""
-    from hf_outheads.training.mtp_distill import distill, greedy_examples
+    continuations only), trained by train.py's loop; the next-token model keeps every value, the saved config
+    its dropout rates, and drafting on those prompts keeps more of its drafts than before."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_outheads.training.mtp_distill import DistillOptions, distill, greedy_examples
+    from hf_outheads.training.tokenization import train_tokenizer
 
     model = mtp_model(num_future=2, seed=1)
     prompts = torch.randint(3, VOCAB, (32, 5), generator=torch.Generator().manual_seed(5))
@@ -514,22 +517,30 @@ def test_self_distillation_trains_the_predictors_alone_and_raises_acceptance(tmp
     assert torch.equal(examples["input_ids"][:1, : plain.shape[1]], plain)  # batched greedy is greedy
     assert (examples["labels"][:, :5] == -100).all() and (examples["labels"][:, 5:] != -100).any()
 
-    def kept_share():
+    def kept_share(model):
         accepted = proposed = 0
         for prompt in prompts[:8].split(1):
             model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, use_mtp=True)
             accepted, proposed = accepted + sum(model.head.draft_counts.accepted), proposed + sum(model.head.draft_counts.proposed)
         return accepted / proposed
 
-    kept = kept_share()
-    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not name.startswith("head.predictors.")}
+    kept = kept_share(model)
+    run = tmp_path / "run"
+    model.save_pretrained(run)  # (a wordlevel tokenizer's special ids are the model's: <pad> 0, <s> 1, </s> 2)
+    train_tokenizer(["every word of a tiny text"], "wordlevel", 10, min_frequency=1).save_pretrained(run)
+    predictors = {name: p.detach().clone() for name, p in model.named_parameters() if name.startswith("head.predictors.")}
     with torch.no_grad():
         logits = model(examples["input_ids"]).logits
-    result = distill(model, examples, str(tmp_path), batch_size=8, max_steps=150, learning_rate=1e-2, seed=0)
+    settings = DistillOptions(batch_size=8, max_steps=150, learning_rate=1e-2, seed=0, new_tokens=12)
+    result = distill(run, examples, tmp_path / "out", settings)
     assert all(result["losses_after"][k] < result["losses_before"][k] - 0.5 for k in result["losses_before"]), result
-    assert all(torch.equal(p, frozen[name]) for name, p in model.named_parameters() if name in frozen)
-    assert all(p.requires_grad for p in model.parameters()) and not model.training
+    assert result["trained_parameters"] == sum(p.numel() for p in predictors.values())
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert all(torch.equal(p, dict(model.named_parameters())[name]) for name, p in trained.named_parameters()
+               if name not in predictors)
+    assert all(not torch.equal(dict(trained.named_parameters())[name], p) for name, p in predictors.items())
+    assert trained.config.text_config.attention_dropout == model.config.text_config.attention_dropout
     with torch.no_grad():
-        assert torch.equal(model(examples["input_ids"]).logits, logits)
-    after = kept_share()
+        assert torch.equal(trained(examples["input_ids"]).logits, logits)
+    after = kept_share(trained)
     assert after > kept + 0.1, (kept, after)

@@ -13,16 +13,23 @@ RUN_DIR is a model folder of an `mtp` head that `hf-outheads train` (training/tr
 generated. The prompts are the first `--prompt_tokens` tokens of texts of the training split (never the
 validation split, on which `studies/mtp_speed.py` measures); each gets `--new_tokens` greedy tokens,
 and the predictors train on the continuations (the prompt's positions and anything after an
-end-of-sequence token carry no label) with transformers' `Trainer`. OUT receives the model, its
-tokenizer and `distill.json` (the settings and the predictors' losses before and after), written
-beside it and swapped in whole (`hf_outheads.folders.staged_folder`): a new or empty folder, or
-any other with `--overwrite`, never RUN_DIR, a folder inside it or around it.
+end-of-sequence token carry no label).
+
+This module is a data recipe: the training is `training/train.py`'s (`train.train_in_process`), on the
+examples as a pre-tokenised dataset (`input_ids`, `labels`), starting from RUN_DIR's model with its
+head kept (`head_type: null`), only `head.predictors` trainable (`trainable_modules`), every dropout
+off (`disable_dropout`) and a cosine schedule with 10% warm-up. OUT receives what a train.py run
+writes (the model, its tokenizer, card, metrics and options) and `distill.json` (the settings and the
+predictors' losses before and after), written beside it and swapped in whole
+(`hf_outheads.folders.staged_folder`): a new or empty folder, or any other with `--overwrite`, never
+RUN_DIR, a folder inside it or around it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,37 +114,46 @@ def predictor_losses(model, examples: dict[str, torch.Tensor], batch_size: int) 
     return {name: total / batches for name, total in totals.items()}
 
 
-def distill(model, examples: dict[str, torch.Tensor], output_dir: str, batch_size: int, max_steps: int,
-            learning_rate: float, seed: int) -> dict:
-    """Train only `model.head.predictors` on `examples` with `Trainer`; the rest of the model keeps its
-    values. Returns the predictors' losses on `examples` before and after, and the trained parameters."""
-    from datasets import Dataset
-    from transformers import Trainer, TrainingArguments
+def distill_options(run: Path, data_files: dict, length: int, output_dir, settings: DistillOptions):
+    """train.py's options of the distillation: RUN's model and tokenizer, its head kept with only the
+    predictors trainable and every dropout off, on the examples' files (their first batch evaluated)."""
+    from hf_outheads.training.options import RunOptions
 
+    steps = settings.max_steps
+    return RunOptions.from_flat(dict(
+        task="causal_lm", pretrained=str(run), head_type=None, tokenizer="auto", trainable_modules=["head.predictors"],
+        disable_dropout=True, data_files=data_files, block_size=length, max_eval_samples=settings.batch_size,
+        per_device_train_batch_size=settings.batch_size, per_device_eval_batch_size=settings.batch_size,
+        max_steps=steps, learning_rate=settings.learning_rate, lr_scheduler_type="cosine",
+        warmup_steps=max(1, steps // 10), weight_decay=0.0, seed=settings.seed, logging_steps=max(1, steps // 10),
+        sample_max_new_tokens=min(8, settings.new_tokens), output_dir=str(output_dir), resume="never",
+        report_to="jsonl"))
+
+
+def distill(run, examples: dict[str, torch.Tensor], output_dir, settings: DistillOptions) -> dict:
+    """Train the predictors of RUN's `mtp` model (`run`: a folder with its tokenizer) on `examples` with
+    train.py into `output_dir` (new or empty); the rest of the model keeps its values. Returns the
+    predictors' losses on `examples` before and after, and the count of trained parameters. A run that
+    cannot go on is a ValueError saying why."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    from hf_outheads.training.preflight import check_run
+    from hf_outheads.training.train import train_in_process
+
+    model = AutoModelForCausalLM.from_pretrained(run)
     require_mtp(model.config)
-    before = predictor_losses(model, examples, batch_size)
-    # the predictors read the frozen model's states as generation computes them: every dropout off
-    dropouts = {module: module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
-    for module in dropouts:
-        module.p = 0.0
-    flags = {parameter: parameter.requires_grad for parameter in model.parameters()}
-    predictors = set(model.head.predictors.parameters())
-    for parameter in flags:
-        parameter.requires_grad_(parameter in predictors)
-    trained = sum(p.numel() for p in predictors)
-    args = TrainingArguments(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size,
-                             learning_rate=learning_rate, lr_scheduler_type="cosine", warmup_steps=max(1, max_steps // 10),
-                             logging_steps=max(1, max_steps // 10), save_strategy="no", report_to=[], seed=seed,
-                             dataloader_num_workers=0, disable_tqdm=True)
-    data = Dataset.from_dict({key: value.tolist() for key, value in examples.items()}).with_format("torch")
-    Trainer(model=model, args=args, train_dataset=data).train()
-    for parameter, flag in flags.items():
-        parameter.requires_grad_(flag)
-    for module, rate in dropouts.items():
-        module.p = rate
-    model.eval()
-    return {"losses_before": before, "losses_after": predictor_losses(model, examples, batch_size),
-            "trained_parameters": trained, "examples": len(data)}
+    before = predictor_losses(model, examples, settings.batch_size)
+    with tempfile.TemporaryDirectory(prefix="mtp_distill-") as folder:
+        data = str(Path(folder) / "examples.parquet")
+        Dataset.from_dict({key: value.tolist() for key, value in examples.items()}).to_parquet(data)
+        options = distill_options(Path(run), {"train": data, "validation": data}, examples["input_ids"].shape[1],
+                                  output_dir, settings)
+        check_run(options)
+        results = train_in_process(options)
+    trained = AutoModelForCausalLM.from_pretrained(output_dir)
+    return {"losses_before": before, "losses_after": predictor_losses(trained, examples, settings.batch_size),
+            "trained_parameters": results["parameters"], "examples": len(examples["input_ids"])}
 
 
 def leading_tokens(texts, tokenizer, count: int, length: int) -> list[list[int]]:
@@ -207,11 +223,12 @@ def main(argv=None):
     model = AutoModelForCausalLM.from_pretrained(run)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     examples = greedy_examples(model, prompts, settings.new_tokens, settings.batch_size, pad, tokenizer.eos_token_id)
+    del model
     with staged_folder(args.output_dir, sources=sources, **target) as written:
-        result = distill(model, examples, str(written), settings.batch_size, settings.max_steps, settings.learning_rate,
-                         settings.seed)
-        model.save_pretrained(written)
-        tokenizer.save_pretrained(written)
+        try:
+            result = distill(run, examples, written, settings)
+        except ValueError as error:  # what stops train.py's run: its input, a bad batch, a non-finite loss
+            raise refuse(f"mtp_distill.py: error: {error}") from None
         result = {"run": str(run), "overwrite": args.overwrite, **dataclasses.asdict(settings), **result}
         (written / "distill.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
