@@ -16,7 +16,7 @@ from accelerate.state import AcceleratorState, GradientState
 from torch.overrides import TorchFunctionMode
 
 import hf_outheads.modeling_outheads
-from hf_outheads.training import loop, train
+from hf_outheads.training import loop, modeling, train
 from hf_outheads.training.options import RunOptions
 from hf_outheads.training.tokenization import train_tokenizer
 from hf_outheads.training.tracking import read_metrics
@@ -222,14 +222,14 @@ def test_trainable_modules_train_alone_and_a_name_that_is_no_module_is_refused(t
     from tiny import tiny_config
 
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="drill"))
-    train.train_only(model, ["head.layers"])
+    modeling.train_only(model, ["head.layers"])
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trained and trained == {name for name, _ in model.named_parameters() if name.startswith("head.layers.")}
     with pytest.raises(ValueError, match=r"Option trainable_modules: 'head.predictors' is no module of the model; its "
                                          r"modules are named like backbone, .*head"):
-        train.train_only(model, ["head.predictors"])
+        modeling.train_only(model, ["head.predictors"])
     with pytest.raises(ValueError, match="'head.dropout' is a module without parameters"):
-        train.train_only(model, ["head.dropout"])
+        modeling.train_only(model, ["head.dropout"])
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     with pytest.raises(SystemExit) as error:
@@ -246,7 +246,7 @@ def test_disable_dropout_switches_every_dropout_off_and_keeps_the_config():
     rates = {module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
     assert 0.3 in rates and len(rates) > 1  # the head's and the backbone's
     config = model.config.to_dict()
-    train.without_dropout(model)
+    modeling.without_dropout(model)
     assert {module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)} == {0.0}
     assert model.config.to_dict() == config
 

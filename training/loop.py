@@ -17,7 +17,7 @@ No step waits for the device: the losses are summed on it (`RunningLoss`) and th
 check is recorded on it (`NonFiniteWatch`); both are read, and summed over processes, only at
 a logging step, before a checkpoint or an evaluation, and at the end. A non-finite loss or
 gradient norm still stops the run naming its first step, and nothing from that step on is saved.
-The batches' ids and labels are checked on the host where they are built (`data.CheckedCollator`),
+The batches' ids and labels are checked on the host where they are built (`batches.CheckedCollator`),
 not in the step; one process reduces nothing (`accelerator.reduce` would copy each value).
 
 A step's time is the wall time from its start to the start of the next one, evaluations, head

@@ -117,6 +117,34 @@ def build_model(options, tokenizer):
     return model
 
 
+def train_only(model, names: list[str]) -> None:
+    """Freeze every parameter but those of the modules `names` (`trainable_modules`; none given: all
+    train). A name that is no module of the model, or one without parameters, is a ValueError."""
+    if not names:
+        return
+    modules = dict(model.named_modules())
+    for name in names:
+        if name in modules and any(True for _ in modules[name].parameters()):
+            continue
+        what = "a module without parameters" if name in modules else "no module"
+        shallow = sorted(key for key in modules if key and key.count(".") <= 1)
+        raise ValueError(f"Option trainable_modules: {name!r} is {what} of the model; its modules are named like "
+                         f"{', '.join(shallow[:12])}, ...")
+    trained = {id(p) for name in names for p in modules[name].parameters()}
+    for parameter in model.parameters():
+        parameter.requires_grad_(id(parameter) in trained)
+
+
+def without_dropout(model) -> None:
+    """Every dropout of `model` off (`disable_dropout`): each `torch.nn.Dropout`'s p = 0, the head's
+    too (TRL's `disable_dropout_in_model`); the config's rates are left as they are."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
 def parameter_counts(model) -> dict[str, int]:
     """Total trainable parameters and those of the output head alone (a parameter partitioned by
     DeepSpeed ZeRO-3 counts its full size, `ds_numel`)."""

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
 from hf_outheads.frequency_bands import FrequencyBands
+from hf_outheads.training import batches
 from hf_outheads.training import data as data_lib
 from hf_outheads.training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from hf_outheads.training.command_line import refuse
@@ -42,7 +43,8 @@ from hf_outheads.training.evaluation import (copy_scores, evaluate_perplexity, f
                                              generation_scores, sample_text)
 from hf_outheads.training.launching import accelerator_settings, check_process_count, check_sharding, first_process
 from hf_outheads.training.loop import train_loop
-from hf_outheads.training.modeling import build_model, parameter_counts, position_limit, step_flops, step_tokens
+from hf_outheads.training.modeling import (build_model, parameter_counts, position_limit, step_flops, step_tokens,
+                                           train_only, without_dropout)
 from hf_outheads.training.options import RunOptions, parse_options
 from hf_outheads.training.preflight import check_run
 from hf_outheads.training.publish import finish_run
@@ -123,19 +125,10 @@ def dataloader_workers(options, device) -> int:
         if device.type == "cuda" else 0
 
 
-def example_lengths(options) -> dict[str, tuple[str, int]]:
-    """The most tokens an example may hold in each column, and the option that says so."""
-    data = options.data
-    if options.model.task == "causal_lm":
-        return {data_lib.TOKEN_IDS: ("block_size", data.block_size), "labels": ("block_size", data.block_size)}
-    return {data_lib.TOKEN_IDS: ("max_source_length", data.max_source_length),
-            "labels": ("max_target_length", data.max_target_length)}
-
-
 def get_dataloaders(accelerator, options, tokenizer, model, train_split, validation_split):
     """(train, evaluation, generation-or-None) dataloaders, not yet prepared, the number of
     validation examples (None streamed) and the training examples. Each batch is built and checked
-    against `model`'s vocabulary and the run's lengths on the host (`data.CheckedCollator`), by
+    against `model`'s vocabulary and the run's lengths on the host (`batches.CheckedCollator`), by
     worker processes (`dataloader_workers`) that stay up across epochs and evaluations, so that no
     epoch or evaluation starts by waiting for new ones. A compiled run (`torch_compile`) drops each
     epoch's last, shorter training batch: a batch of another size would compile the model again
@@ -144,12 +137,12 @@ def get_dataloaders(accelerator, options, tokenizer, model, train_split, validat
         train, validation = data_lib.tokenised_splits(train_split, validation_split, tokenizer, options)
     streaming, training = not hasattr(train, "__len__"), options.training
     workers = dataloader_workers(options, accelerator.device)
-    numbered = (lambda split: split) if streaming else data_lib.NumberedExamples
+    numbered = (lambda split: split) if streaming else batches.NumberedExamples
 
     def loader(split, name, batch_size, **settings):
-        collator = data_lib.CheckedCollator(tokenizer, name, model.get_input_embeddings().num_embeddings,
-                                            model.config.vocab_size, example_lengths(options),
-                                            causal=options.model.task == "causal_lm")
+        collator = batches.CheckedCollator(tokenizer, name, model.get_input_embeddings().num_embeddings,
+                                           model.config.vocab_size, batches.lengths(options),
+                                           causal=options.model.task == "causal_lm")
         return DataLoader(numbered(split), batch_size=batch_size, collate_fn=collator, num_workers=workers,
                           pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0 and not streaming,
                           **settings)
@@ -165,32 +158,6 @@ def get_dataloaders(accelerator, options, tokenizer, model, train_split, validat
                 range(min(training.num_generation_examples, len(validation))))
         gen_dl = loader(subset, "validation", training.per_device_eval_batch_size)
     return train_dl, eval_dl, gen_dl, (None if streaming else len(validation)), train
-
-
-def train_only(model, names: list[str]) -> None:
-    """Freeze every parameter but those of the modules `names` (`trainable_modules`; none given: all
-    train). A name that is no module of the model, or one without parameters, is a ValueError."""
-    if not names:
-        return
-    modules = dict(model.named_modules())
-    for name in names:
-        if name in modules and any(True for _ in modules[name].parameters()):
-            continue
-        what = "a module without parameters" if name in modules else "no module"
-        shallow = sorted(key for key in modules if key and key.count(".") <= 1)
-        raise ValueError(f"Option trainable_modules: {name!r} is {what} of the model; its modules are named like "
-                         f"{', '.join(shallow[:12])}, ...")
-    trained = {id(p) for name in names for p in modules[name].parameters()}
-    for parameter in model.parameters():
-        parameter.requires_grad_(id(parameter) in trained)
-
-
-def without_dropout(model) -> None:
-    """Every dropout of `model` off (`disable_dropout`): each `torch.nn.Dropout`'s p = 0, the head's
-    too (TRL's `disable_dropout_in_model`); the config's rates are left as they are."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
 
 
 def make_optimizer(model, options, fused: bool = False):
@@ -534,7 +501,7 @@ def main(argv=None, options: RunOptions | None = None):
     options = options or parse_args(argv)
     try:
         training_function(options)
-    except (NonFiniteError, data_lib.BatchError) as error:  # found while training, said in full: no traceback
+    except (NonFiniteError, batches.BatchError) as error:  # found while training, said in full: no traceback
         raise refusal(error, status=1) from None
     except (OutputDirInUse, EarlierWork, InputError) as error:
         raise refusal(error) from None
