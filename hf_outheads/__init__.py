@@ -18,7 +18,7 @@ from transformers import AutoConfig
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
-from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, next_token_labels
+from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, next_token_labels, register_head
 from .head_options import HeadDims, HeadOptions
 from .softmax import SoftmaxHead, SoftmaxOptions
 
@@ -55,4 +55,5 @@ __all__ = [
     "SoftmaxOptions",
     "get_head_class",
     "next_token_labels",
+    "register_head",
 ]

@@ -54,7 +54,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, Paper, TiedToEmbeddings,
-                             nll_sum_from_logits, word_count_vector)
+                             nll_sum_from_logits, register_head, word_count_vector)
 from .lightrnn_table import (EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
                              resize_codes, table_grid, table_shape)
@@ -83,6 +83,7 @@ class LightRNNOptions(MixtureOptions):
         self.num_exclusive, self.num_rows, self.num_columns = shape
 
 
+@register_head
 class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     """`PriorAndLatents` (the prior only with K > 1: log pi = 0 otherwise) plus the code parameters."""
 

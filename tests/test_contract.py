@@ -51,7 +51,7 @@ def logits_of(model, inputs):
 
 TOY_HEAD = '''"""`toy`: a throwaway head of the completeness test (an untied softmax)."""
 
-from .head_interface import Paper
+from .head_interface import Paper, register_head
 from .head_linear import LinearHead, LinearOptions
 
 
@@ -59,6 +59,7 @@ class ToyOptions(LinearOptions):
     """`toy`'s options: `linear`'s."""
 
 
+@register_head
 class ToyHead(LinearHead):
     head_type = "toy"
     Options = ToyOptions
@@ -107,9 +108,29 @@ def test_every_registered_head_has_a_case():
     assert set(HEAD_CLASSES) == set(HEAD_CASES)
 
 
+def test_heads_register_explicitly_and_a_taken_name_is_refused():
+    """`register_head` files a head class under its `head_type`; a second class with a taken name is a
+    ValueError and leaves the first in place (as peft's `register_peft_method`)."""
+    from hf_outheads.head_interface import register_head
+    from hf_outheads.head_tied import TiedHead
+
+    assert register_head(TiedHead) is TiedHead and HEAD_CLASSES["tied"] is TiedHead  # the same class again: as it is
+
+    class OtherTied(TiedHead):
+        head_type = "tied"
+
+    with pytest.raises(ValueError, match=r"Head type 'tied' is taken by hf_outheads\.head_tied\.TiedHead: give "
+                                         r".*OtherTied another head_type"):
+        register_head(OtherTied)
+    assert HEAD_CLASSES["tied"] is TiedHead
+    with pytest.raises(TypeError, match="register_head takes an OutputHead subclass"):
+        register_head(torch.nn.Linear)
+
+
 def test_a_new_head_is_one_file_and_one_catalog_line(tmp_path):
-    """A throwaway head in a copy of the package: its file plus one import line in head_catalog.py,
-    nothing else; its card (tags and citation), the benchmark's cases (one measured), the export's
+    """A throwaway head in a copy of the package: its file (its class registered with `register_head`)
+    plus one import line in head_catalog.py, nothing else; its card (tags and citation), the
+    benchmark's cases (one measured), the export's
     capability table, the README's head and serving tables, the contract cases and the
     sharded-training cases all pick it up, and the
     FSDP2 worker trains it on two processes as it trains unsharded."""
