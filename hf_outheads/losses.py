@@ -23,6 +23,8 @@ under `torch.export` they are one plain computation over all rows.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -32,6 +34,7 @@ from .head_interface import IGNORE_INDEX
 from .logit_transforms import softcap as softcap_scores, z_loss_sum
 from .loss_kernels import (PEER_KERNELS, fastest_kernel, needed_features, peer_nll_sum, unavailable, unsupported,
                            use_triton)
+from .model_io import package_tool
 
 # Every chunk size of the package's row-chunk loops (`over_row_chunks`, the fused loss's chunks).
 # Logits elements per chunk of the per-row losses (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
@@ -206,14 +209,19 @@ def _product_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulat
         out.copy_(torch.mm(a, b))
 
 
-def _chunk_kernels(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, sigsoftmax=False, softcap=0.0,
-                   z_loss=0.0):
-    """`_chunk` on a GPU: the scores `x W^T` in the products' dtype (bf16 under autocast) are
-    read twice by `softmax_kernels` (statistics, then the gradient written over them) and never
-    taken to fp32; the gradient of a row is scaled by its responsibility inside the kernel.
-    Ignored rows (label `ignore_index`) count nothing and get zero gradients, without a host sync."""
-    from .softmax_kernels import row_stats, softmax_grad_  # on a GPU's first call: Triton takes seconds to import
+def triton_kernels(device: torch.device):
+    """The package's Triton kernels (`softmax_kernels`) where they run on `device` (`use_triton`) and
+    the package is installed; None elsewhere (then `_chunk` runs)."""
+    return package_tool("softmax_kernels", required=False) if use_triton(device) else None
 
+
+def _chunk_kernels(kernels, log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, sigsoftmax=False,
+                   softcap=0.0, z_loss=0.0):
+    """`_chunk` on a GPU: the scores `x W^T` in the products' dtype (bf16 under autocast) are
+    read twice by the `kernels` (`softmax_kernels`: statistics, then the gradient written over them)
+    and never taken to fp32; the gradient of a row is scaled by its responsibility inside the kernel.
+    Ignored rows (label `ignore_index`) count nothing and get zero gradients, without a host sync."""
+    row_stats, softmax_grad_ = kernels.row_stats, kernels.softmax_grad_
     rows, K, d = x.shape
     flat_x, flat_labels = x.reshape(rows * K, d), labels.repeat_interleave(K)
     flat_labels = torch.where(flat_labels == ignore_index, -1, flat_labels)
@@ -255,7 +263,8 @@ def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, ro
              for flag, t in zip(need, tensors)]
     weight, bias = weight.to(dtype), None if bias is None else bias.float()
     total, z_total = (torch.zeros((), dtype=torch.float32, device=weight.device) for _ in range(2))
-    chunk = _chunk_kernels if use_triton(weight.device) else _chunk
+    kernels = triton_kernels(weight.device)  # (on a GPU's first call: Triton takes seconds to import)
+    chunk = _chunk if kernels is None else functools.partial(_chunk_kernels, kernels)
     with torch.autocast(weight.device.type, enabled=False):
         for start in range(0, labels.shape[0], rows):
             part = lambda t: t if t is None else t[start : start + rows]

@@ -6,16 +6,20 @@ the logits, bf16, logits_to_keep, cached generation, save/load, Auto classes, re
 
 import json
 import os
+import re
 import subprocess
 import sys
+import traceback
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from torch.overrides import TorchFunctionMode
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from hf_outheads import HEAD_CLASSES, OutHeadsConfig
+from hf_outheads import HEAD_CLASSES, OutHeadsConfig, get_head_class
 from head_cases import HEAD_CASES
 from tiny import SEQ2SEQ, batch, model_class, tiny_config, tiny_model
 
@@ -267,15 +271,22 @@ for case in json.load(open(sys.argv[1])):
         auto = getattr(transformers, case["auto"])
         model = auto.from_pretrained(case["folder"], trust_remote_code=True).eval()
         plain = transformers.AutoModel.from_pretrained(case["folder"], trust_remote_code=True)
+        inputs = torch.load(case["folder"] + "/inputs.pt")
         with torch.no_grad():
-            logits = model(**torch.load(case["folder"] + "/inputs.pt")).logits
+            logits = model(**inputs).logits
         torch.save(logits, case["folder"] + "/remote_logits.pt")
+        generated = model.generate(input_ids=inputs["input_ids"], max_new_tokens=3, min_new_tokens=3, do_sample=False)
+        torch.save(generated, case["folder"] + "/remote_generated.pt")
         results[case["id"]] = {"module": type(model).__module__, "class": type(model).__name__,
                                "automodel_class": type(plain).__name__}
     except Exception as error:
         results[case["id"]] = {"error": f"{type(error).__name__}: {error}"}
 print(json.dumps(results))
 """
+
+
+def greedy(model, inputs):
+    return model.generate(input_ids=inputs["input_ids"], max_new_tokens=3, min_new_tokens=3, do_sample=False)
 
 
 def broken_checkpoint(root):
@@ -305,6 +316,7 @@ def remote_loads(tmp_path_factory):
         inputs = inputs_only(backbone)
         torch.save(inputs, folder / "inputs.pt")
         expected[case_id] = logits_of(model, inputs)
+        torch.save(greedy(model, inputs), folder / "generated.pt")
         cases.append({"id": case_id, "folder": str(folder), "auto": auto_class(backbone).__name__})
     cases.append(broken_checkpoint(root))
     (root / "cases.json").write_text(json.dumps(cases))
@@ -328,6 +340,56 @@ def test_remote_code_load_in_fresh_process(head, backbone, remote_loads):
     assert result["module"].startswith("transformers_modules.")
     assert result["class"] == result["automodel_class"] == model_class(backbone).__name__
     assert torch.equal(torch.load(root / case_id / "remote_logits.pt"), expected[case_id])
+    assert torch.equal(torch.load(root / case_id / "remote_generated.pt"), torch.load(root / case_id / "generated.pt"))
+
+
+TOOL_FILES = {"conversion.py", "export_plain.py", "model_card.py", "folders.py", "flops.py", "frequency_bands.py",
+              "softmax_kernels.py", "cli.py", "__init__.py"}
+
+
+def code_files(folder):
+    return {path.name for path in folder.glob("*.py")}
+
+
+@pytest.mark.parametrize("head", sorted(HEAD_CASES))
+def test_a_saved_folder_carries_the_runtime_of_its_heads_alone(head, remote_loads):
+    """Issue 48: a saved folder carries what loading, forward and generate need (its folders load, run and
+    generate in a process that cannot import the package: `test_remote_code_load_in_fresh_process`): its
+    `head_catalog.py` imports the model's head classes alone (`mtp`'s shared head too), and the folder holds
+    nothing the config and model files do not import, no tool (conversion, export, cards, FLOP counting, the
+    GPU kernels); a `tied` folder at most 12 files."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    from hf_outheads import OutputHead
+
+    root, _, _ = remote_loads
+    folder = root / f"{head}-llama"
+    files = code_files(folder)
+    model = tiny_model("llama", head, HEAD_CASES[head])
+    heads = {(cls.__module__.rsplit(".", 1)[-1], cls.__name__) for cls in map(type, model.head.modules())
+             if issubclass(cls, OutputHead)}
+    catalog = (folder / "head_catalog.py").read_text()
+    assert set(re.findall(r"^from \.(head_\w+) import (\w+)$", catalog, re.M)) == heads, catalog
+    entries = ("configuration_outheads.py", "modeling_outheads.py")
+    needed = set(entries) | {Path(f).name for entry in entries for f in get_relative_import_files(folder / entry)}
+    assert files == needed and not TOOL_FILES & files, sorted(files ^ needed)
+    if head == "tied":
+        assert len(files) <= 12, sorted(files)
+    if head == "mtp":
+        assert {"head_mtp.py", "head_tied.py"} <= files  # its shared head (`tied` in the contract case)
+
+
+def test_a_save_over_an_earlier_one_drops_the_code_files_it_no_longer_writes(tmp_path):
+    """A folder saved before issue 48 carries the whole package; a save over it keeps the runtime alone,
+    and a file of the user's there stays."""
+    package = Path(__import__("hf_outheads").__file__).parent
+    for name in ("conversion.py", "model_card.py", "head_mos.py", "mixture.py"):
+        (tmp_path / name).write_text((package / name).read_text())
+    (tmp_path / "notes.py").write_text("# mine\n")
+    tiny_model("llama", "tied").save_pretrained(tmp_path)
+    files = code_files(tmp_path)
+    assert "notes.py" in files and "head_tied.py" in files and not {"conversion.py", "model_card.py", "head_mos.py",
+                                                                    "mixture.py"} & files, files
 
 
 def test_remote_code_load_refuses_missing_head_weights(remote_loads):
