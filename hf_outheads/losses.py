@@ -15,10 +15,12 @@ their gradient) for all rows at once:
     torch's own), the fastest installed for the device and size by default.
 
 On a CUDA device a chunk's `|V|`-wide work (softmax statistics, the gradient of the scores) is
-two Triton kernels over the bf16 scores (`softmax_kernels`) instead of a dozen fp32 elementwise
-passes; elsewhere it is plain torch. Under `torch.compile` the fused losses run eagerly (a graph
-break: they are hand-fused already, and their row loop must not be unrolled into the graph);
-under `torch.export` they are one plain computation over all rows.
+two Triton kernels over the bf16 scores (`softmax_kernels`, the installed package's: a saved
+folder's remote code does not carry them and runs plain torch) instead of a dozen fp32 elementwise
+passes; elsewhere it is plain torch. Ignored rows (label -100) are computed and weigh nothing: no
+row is picked by a value read back from the device. Under `torch.compile` the fused losses run
+eagerly (a graph break: they are hand-fused already, and their row loop must not be unrolled into
+the graph); under `torch.export` they are one plain computation over all rows.
 """
 
 from __future__ import annotations
@@ -331,9 +333,6 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
         total, z = _chunk(log_prior.float(), latents.float(), weight.float(), bias, labels, ignore_index,
                           sigsoftmax=sigsoftmax, softcap=softcap, z_loss=z_loss)
         return (total, torch.as_tensor(z, device=total.device).detach()) if return_z_loss else total
-    keep = labels != ignore_index
-    if not use_triton(weight.device) and not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
-        log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]  # (the kernels skip them: no sync)
     rows = chunk_rows or fused_chunk_rows(weight.shape[0], K, weight.device)
     tensors, dtype = (log_prior, latents, weight, bias), matmul_dtype(weight)
     if grad_needed(*tensors):
