@@ -56,7 +56,7 @@ def test_a_run_over_budget_is_left_and_a_finished_one_is_reused(corpus, tmp_path
                       *TINY])
     assert "nothing left in the queue" in capsys.readouterr().out and len(runs_in(out)) == 2
     # a call that starts from those runs: mos (K = 15) is predicted from their rates to overrun a tight budget
-    slow = [dict(run, achieved_tflops=run["achieved_tflops"] / 1e3) for run in runs]
+    slow = [dict(run, achieved_tflops=run["achieved_tflops"] / 1e4) for run in runs]  # predicted far past the budget
     (tmp_path / "slow.jsonl").write_text("".join(json.dumps(run) + "\n" for run in slow))
     scale_heads.main(["--data", str(corpus), "--heads", "tied,mos", "--out", str(tmp_path / "next"), "--budget_s", "60",
                       "--runs", str(tmp_path / "slow.jsonl"), *TINY])
