@@ -1,5 +1,6 @@
 """The library without the training stack (`pip install .`, no extras): it imports, converts a
-model and generates, and none of the `train` extra's packages is installed."""
+model, generates and renders the model card from its installed template, and none of the `train`
+extra's packages is installed."""
 import importlib.util
 
 import torch
@@ -15,4 +16,6 @@ model = hf_outheads.OutHeadsForCausalLM.from_backbone(original, head_type="drill
 ids = torch.tensor([[1, 2, 3]])
 assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False),
                    original.eval().generate(ids, max_new_tokens=5, do_sample=False))
-print("CI: the library alone (no extras) imports, converts and generates")
+card = model.create_model_card("someone/gpt2-drill")  # the template installed with the package (model_cards/)
+assert "`drill` output head" in card.text and "arxiv:1905.05513" in card.data.tags, card.text
+print("CI: the library alone (no extras) imports, converts, generates and renders its card")

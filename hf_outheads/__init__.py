@@ -6,19 +6,22 @@ imported when first used, as `hf_outheads.OutHeadsForCausalLM` or when an `OutHe
 built (every `Auto*.from_pretrained` / `from_config` of this model type builds one first), and
 registered with `AutoModel`, `AutoModelForCausalLM` and `AutoModelForSeq2SeqLM` then.
 
-Its files import downward, in layers: option declarations and the head interface; the heads'
+Its files import downward, in layers: option declarations and the head interface (with the head
+registry, `register_head`); the model's inputs, outputs and library hooks (`model_io`); the heads'
 shared parts (losses and their kernels, the single softmax, scaled maps, latents); the heads (a head
-on the parts it is made of); their catalog; the config; conversion, model cards and the export;
-the library hooks; the model classes; this face. Hence a deep stack (15 floors of files) and no
-cycle but one call-time import upward: the config imports the model classes when one is first
-built (`configuration_outheads.import_model_classes`), so that this import stays light.
+on the parts it is made of); their catalog; the config; the model classes; this face. One
+call-time import runs upward: the config imports the model classes when one is first built
+(`configuration_outheads.import_model_classes`), so that this import stays light. The tools
+(conversion, the plain export, model cards, folders, FLOP counting, frequency bands, the GPU
+kernels) stand above them all: the model reaches them at call time (`model_io.package_tool`), so a
+saved folder carries the runtime alone.
 """
 
 from transformers import AutoConfig
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import HEAD_CLASSES, get_head_class
-from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, next_token_labels
+from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, next_token_labels, register_head
 from .head_options import HeadDims, HeadOptions
 from .softmax import SoftmaxHead, SoftmaxOptions
 
@@ -55,4 +58,5 @@ __all__ = [
     "SoftmaxOptions",
     "get_head_class",
     "next_token_labels",
+    "register_head",
 ]

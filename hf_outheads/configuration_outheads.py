@@ -12,12 +12,12 @@ from transformers.configuration_utils import SubConfigSpec
 from .backbones import head_dims, hidden_scale
 from .head_catalog import get_head_class
 from .head_options import HeadOptions
+from .model_io import PACKAGE
 
 FROM_BACKBONE = ("Build the model with OutHeadsForCausalLM.from_backbone(...) / OutHeadsForSeq2SeqLM.from_backbone(...) "
                  "(a plain transformers model or its folder), or OutHeadsConfig(text_config=..., head_type=...).")
 _GENERATION_KEYS: set[str] = set()
 _RESOLVED = "_resolved_head_options"  # where the config keeps `resolved_head_options`
-PACKAGE = "hf_outheads"  # the installed package (remote code loads these files under another name)
 
 
 def not_from_backbone(name: str) -> bool:

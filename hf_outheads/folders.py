@@ -1,18 +1,28 @@
-"""The one rule for a command that writes a folder: the target is never a source. A target that
-is, contains or lies inside a folder or file the command reads (`check_target`: resolved paths,
-symlinks followed) is refused before anything is written. A folder written whole (`staged_folder`)
-is written beside the target and then swapped in, so the target holds either its old content or
-the complete new one, and nothing but the target and the staging folders beside it is touched.
+"""How the package writes folders. The one rule for a command that writes a folder: the target is
+never a source. A target that is, contains or lies inside a folder or file the command reads
+(`check_target`: resolved paths, symlinks followed) is refused before anything is written. A folder
+written whole (`staged_folder`) is written beside the target and then swapped in, so the target
+holds either its old content or the complete new one, and nothing but the target and the staging
+folders beside it is touched. A model saved over an earlier save (`save_then_swap`) is written
+inside it first and moved in once complete, and its code files are its runtime alone
+(`runtime_code_only`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import re
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from transformers.dynamic_module_utils import get_relative_import_files
+
+logger = logging.getLogger(__name__)
 
 
 class TargetIsSource(ValueError):
@@ -97,3 +107,69 @@ def staged_folder(target, *, overwrite: bool = False, sources=(), overwrite_hint
             shutil.rmtree(old)
     finally:
         shutil.rmtree(written, ignore_errors=True)
+
+
+# weight files of a save_pretrained folder (safetensors or torch, sharded or not, with their index)
+WEIGHT_FILE = re.compile(r"(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?")
+
+
+def save_then_swap(save, save_directory, replaced=frozenset()) -> None:
+    """Run `save(folder)` (a `save_pretrained`) into a fresh folder inside `save_directory`, then
+    move what it wrote into `save_directory`, `config.json` last, and remove the weight files and
+    the `replaced` names (the code files a save of this model may write) of an earlier save that
+    this one did not write. A save that fails (a full disk) leaves the earlier save as it was:
+    transformers writes `config.json` first and the weights in place."""
+    save_directory = os.fspath(save_directory)
+    os.makedirs(save_directory, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".saving-", dir=save_directory)
+    try:
+        save(staging)
+        written = sorted(os.listdir(staging), key=lambda name: name == "config.json")
+        for name in written[:-1] if written and written[-1] == "config.json" else written:
+            os.replace(os.path.join(staging, name), os.path.join(save_directory, name))
+        for name in os.listdir(save_directory):
+            if (WEIGHT_FILE.fullmatch(name) or name in replaced) and name not in written:
+                os.remove(os.path.join(save_directory, name))
+        if "config.json" in written:
+            os.replace(os.path.join(staging, "config.json"), os.path.join(save_directory, "config.json"))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+ENTRY_FILES = ("configuration_outheads.py", "modeling_outheads.py")  # what a saved config.json's auto_map names
+CATALOG = "head_catalog.py"
+IMPORT_LINE = re.compile(r"from \.(\w+) import (\w+)\n")
+
+
+def package_code_files(model_class: type) -> set[str]:
+    """The code files a save of `model_class` may write (transformers' remote code copies the files
+    its module imports, relatively, recursively): the modules of the package it comes from (the
+    installed one's, or a saved folder's)."""
+    package = Path(sys.modules[model_class.__module__].__file__).parent
+    return {path.name for path in package.glob("*.py")} - {"__init__.py"}
+
+
+def runtime_code_only(folder, model_class: type, head_classes) -> None:
+    """Cut the code files transformers copied into a saved `folder` to what loading, `forward` and
+    `generate` of the model need: `head_catalog.py` keeps the lines of `head_classes` alone (the
+    model's heads: `mtp` and its shared head), then every copied file that the config and model
+    files do not import (relatively, recursively) is removed. No head name is known here; a file that
+    is not one of the package's modules is left alone."""
+    folder = Path(folder)
+    if not (folder / CATALOG).is_file():  # no code saved (not remote code)
+        return
+    wanted = {(cls.__module__.rsplit(".", 1)[-1], cls.__name__) for cls in head_classes}
+    lines = (folder / CATALOG).read_text(encoding="utf-8").splitlines(keepends=True)
+    heads = {line: match.groups() for line in lines
+             if (match := IMPORT_LINE.fullmatch(line)) and match[1] != "head_interface"}
+    for module, name in sorted(wanted - set(heads.values())):
+        logger.warning("The head class %s (module %s) is not one of %s's: the saved folder's remote code cannot build "
+                       "it. Load the model with hf_outheads installed and that module imported.", name, module, CATALOG)
+    kept = [line for line in lines if line not in heads or heads[line] in wanted]
+    (folder / CATALOG).write_text("".join(kept), encoding="utf-8")
+    needed = set(ENTRY_FILES)
+    for entry in ENTRY_FILES:
+        if (folder / entry).is_file():
+            needed.update(os.path.basename(path) for path in get_relative_import_files(folder / entry))
+    for name in package_code_files(model_class) - needed:
+        (folder / name).unlink(missing_ok=True)

@@ -19,7 +19,7 @@ import torch
 
 from .head_options import HeadDims
 from .scaled_map import MapOptions
-from .head_interface import Paper, TiedToEmbeddings
+from .head_interface import Paper, TiedToEmbeddings, register_head
 from .softmax import SoftmaxHead
 
 
@@ -31,6 +31,7 @@ class BilinearOptions(MapOptions):
     conversion_defaults: ClassVar[dict] = {"map_scale": 1.0}
 
 
+@register_head
 class BilinearHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "bilinear"
     Options = BilinearOptions

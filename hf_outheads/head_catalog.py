@@ -1,14 +1,14 @@
-"""Every head type by name: each `from .head_x import XHead` line below registers one head, in
-this order. A new head is one file (its class states its own facts: options, papers,
-capabilities, benchmark and test cases; `head_interface.OutputHead`) plus one line here.
+"""Every head type of the package: each `from .head_x import XHead` line below imports one head
+file, whose class registers itself (`head_interface.register_head`), in this order. A new head is
+one file (its class states its own facts: options, papers, capabilities, benchmark and test
+cases; `head_interface.OutputHead`) plus one line here.
 
-Kept as plain `from .head_x import` lines so that `save_pretrained` copies every head file next
-to a saved model (remote code follows only single-dot imports).
+Plain `from .head_x import` lines, the only imports transformers' code copier follows: a model's
+`save_pretrained` rewrites this file in the saved folder to the lines of that model's heads
+(`folders.runtime_code_only`), and the folder carries those head files alone.
 """
 
-from __future__ import annotations
-
-from .head_interface import OutputHead
+from .head_interface import HEAD_CLASSES, get_head_class  # the registry the lines below fill
 from .head_linear import LinearHead
 from .head_tied import TiedHead
 from .head_bilinear import BilinearHead
@@ -19,16 +19,3 @@ from .head_doc import DOCHead
 from .head_lightrnn import LightRNNHead
 from .head_sigsoftmax import SigSoftmaxHead
 from .head_mtp import MTPHead
-
-# the head classes imported above (each names its `head_type`), in the order of their lines
-HEAD_CLASSES: dict[str, type[OutputHead]] = {
-    value.head_type: value for value in dict(globals()).values()
-    if isinstance(value, type) and issubclass(value, OutputHead) and "head_type" in vars(value)
-}
-
-
-def get_head_class(head_type: str) -> type[OutputHead]:
-    try:
-        return HEAD_CLASSES[head_type]
-    except KeyError:
-        raise ValueError(f"Unknown head type {head_type!r}. Valid head types: {sorted(HEAD_CLASSES)}.") from None

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .head_interface import IGNORE_INDEX, HeadInputs, Paper
+from .head_interface import IGNORE_INDEX, HeadInputs, Paper, register_head
 from .mixture import MixtureHead, SoftmaxMixtureOptions
 from .head_options import HeadDims, flag, number, pairs
 
@@ -78,6 +78,7 @@ class DOCOptions(SoftmaxMixtureOptions):
         super().complete(dims)
 
 
+@register_head
 class DOCHead(MixtureHead):
     head_type = "doc"
     Options = DOCOptions

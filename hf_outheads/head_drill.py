@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from transformers import initialization as init
 
 from .head_options import HeadDims, choice, flag, integer, number, require_tied_width
-from .head_interface import Paper, TiedToEmbeddings
+from .head_interface import Paper, TiedToEmbeddings, register_head
 from .softmax import EncodedLabelsOptions, SoftmaxHead
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
@@ -183,6 +183,7 @@ class LabelDropout(nn.Dropout):
         return f"p={self.p}, kind={self.kind}"
 
 
+@register_head
 class DrillHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "drill"
     keeps_label_matrix = True

@@ -88,10 +88,10 @@ class OutputHead(nn.Module):
 
     Facts every head class states about itself, from which the catalog's users derive their
     lists (model cards, benchmarks, the export's capability table, the README's tables, the
-    contract and sharded-training tests), so that a new head is its own file plus its line in
-    `head_catalog.py`:
+    contract and sharded-training tests), so that a new head is its own file (its class decorated
+    with `register_head`) plus its line in `head_catalog.py`:
       - `head_type`: its name, stated once: its `Options` class (its own, a `HeadOptions`
-        subclass) takes it from here;
+        subclass) takes it from here, and `register_head` files the class under it;
       - `papers`: the papers it implements (card tags and citations);
       - `plain_export_limit`: one phrase: why it has no plain export (`exact_plain_export` False;
         also its refusal's reason), or which of its options have none (the serving table);
@@ -302,6 +302,32 @@ class OutputHead(nn.Module):
                 rows = rows.clone()
                 store[name] = nn.Parameter(rows, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else rows
         self.dims = dataclasses.replace(self.dims, vocab_size=new_size)
+
+
+# head type -> head class: every head this process imported (`head_catalog` imports the package's), in
+# import order; filled by `register_head` only
+HEAD_CLASSES: dict[str, type[OutputHead]] = {}
+
+
+def register_head(cls: type[OutputHead]) -> type[OutputHead]:
+    """Class decorator: file a head class under its `head_type` in `HEAD_CLASSES`. A head type that
+    another class holds already is a ValueError (as peft's `register_peft_method`): a second head of
+    the same name never replaces the first silently."""
+    head_type = vars(cls).get("head_type") if isinstance(cls, type) and issubclass(cls, OutputHead) else None
+    if not isinstance(head_type, str):
+        raise TypeError(f"register_head takes an OutputHead subclass that states its own head_type; got {cls!r}.")
+    taken = HEAD_CLASSES.setdefault(head_type, cls)
+    if taken is not cls:
+        raise ValueError(f"Head type {head_type!r} is taken by {taken.__module__}.{taken.__qualname__}: give "
+                         f"{cls.__module__}.{cls.__qualname__} another head_type.")
+    return cls
+
+
+def get_head_class(head_type: str) -> type[OutputHead]:
+    try:
+        return HEAD_CLASSES[head_type]
+    except KeyError:
+        raise ValueError(f"Unknown head type {head_type!r}. Valid head types: {sorted(HEAD_CLASSES)}.") from None
 
 
 class OutputBias:

@@ -38,7 +38,7 @@ import torch
 
 from .head_options import HeadDims, choice, integer
 from .scaled_map import MapOptions, ScaledMap
-from .head_interface import Paper, TiedToEmbeddings
+from .head_interface import Paper, TiedToEmbeddings, register_head
 from .softmax import SoftmaxHead
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "identity": lambda x: x}
@@ -74,6 +74,7 @@ class JointOptions(MapOptions):
                       f"{name}={size}, got {self.joint_dim}. Omit joint_dim or use form 'both'.")
 
 
+@register_head
 class JointHead(TiedToEmbeddings, SoftmaxHead):
     head_type = "joint"
     keeps_label_matrix = True

@@ -54,7 +54,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .head_interface import (IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, Paper, TiedToEmbeddings,
-                             nll_sum_from_logits, word_count_vector)
+                             nll_sum_from_logits, register_head, word_count_vector)
 from .lightrnn_table import (EXACT_LIMIT, MASKED, TABLE_INITS, add_costs, check_codes, code_masks,
                              codes_from_counts, codes_from_grid, default_codes, empty_costs, first_code_params, reassign,
                              resize_codes, table_grid, table_shape)
@@ -88,6 +88,7 @@ class LightRNNOptions(MixtureOptions):
         self.num_exclusive, self.num_rows, self.num_columns = shape
 
 
+@register_head
 class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     """`PriorAndLatents` (the prior only with K > 1: log pi = 0 otherwise) plus the code parameters."""
 
@@ -188,18 +189,18 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
         return z if mask is None else z * mask
 
     def label_nll(self, log_prior, k, pre, mask, labels, params):
-        """Summed NLL of the labels (the gold words), their rows' column scores `(n, K, C)`
-        before the bias, their rows. The gold column's log-probability joins the prior's
-        log-weights of `losses.mixture_nll_sum` over the first codes (fused: gradient in
-        forward); columns are scored for the label's row only."""
+        """Summed NLL of the labels (the gold words; -100: ignored, computed for a stand-in word and
+        weighing nothing), their rows' column scores `(n, K, C)` before the bias, their rows. The gold
+        column's log-probability joins the prior's log-weights of `losses.mixture_nll_sum` over the
+        first codes (fused: gradient in forward); columns are scored for the label's row only."""
         W1, b1, E_row, W2, b2 = params
         f, _, c = self.table
         K = k.shape[1]
-        code = self.codes[labels]
+        code = self.codes[labels.clamp_min(0)]
         table_word = code >= f
         cell = (code - f).clamp(min=0)
         row, col = cell // c, cell % c
-        first = torch.where(table_word, f + row, code)
+        first = torch.where(labels == IGNORE_INDEX, IGNORE_INDEX, torch.where(table_word, f + row, code))
         s2 = F.linear(self.column_latent(pre, E_row[row].unsqueeze(1), mask), W2)  # (n, K, C), no bias
         lp2 = (s2 + b2[row].unsqueeze(1)).log_softmax(-1).gather(-1, col.view(-1, 1, 1).expand(-1, K, 1)).squeeze(-1)
         log_weights = log_prior + torch.where(table_word.unsqueeze(1), lp2, 0)  # log pi_j + log p_j(second | first)
@@ -233,8 +234,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
                 self.accumulate_code_costs(inputs, labels)
             nll = nll_sum_from_logits(logits, labels) if labels is not None else None
             return HeadOutput(logits=logits, nll_sum=nll)
-        keep = labels.reshape(-1) != IGNORE_INDEX
-        states, labels = [t if t is None else t[keep] for t in states], labels.reshape(-1)[keep]
+        labels = labels.reshape(-1)  # every position, ignored ones weighing nothing: no row picked by a device read
         nll, s2, row = self.label_nll(*states, labels, params)
         if self.training and self.tracking_code_costs:  # never from evaluation data
             self._add_costs(states[0].detach(), states[1].detach(), s2.detach(), labels, row, params)
@@ -261,10 +261,9 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
     @torch.no_grad()
     def accumulate_code_costs(self, inputs: HeadInputs, labels: torch.Tensor) -> None:
         """Add the row and column costs of this batch's table words (labels aligned with `inputs.hidden`)."""
-        keep = labels.reshape(-1) != IGNORE_INDEX
-        states, params = [t if t is None else t[keep] for t in self.code_states(inputs)], self.code_params(inputs.embeddings)
-        _, s2, row = self.label_nll(*states, labels.reshape(-1)[keep], params)
-        self._add_costs(states[0], states[1], s2, labels.reshape(-1)[keep], row, params)
+        states, params, labels = self.code_states(inputs), self.code_params(inputs.embeddings), labels.reshape(-1)
+        _, s2, row = self.label_nll(*states, labels, params)
+        self._add_costs(states[0], states[1], s2, labels, row, params)
 
     def _add_costs(self, log_prior, k, s2, labels, row, params) -> None:
         self._costs = self._costs or empty_costs(self.dims.vocab_size, *self.table[1:], k.device)
@@ -285,6 +284,7 @@ class LightRNNHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
         if costs is None:
             return {"tokens": 0, "moved": 0}
         (row_cost, col_cost, tokens), (f, r, c) = costs, self.table
+        tokens = int(tokens)  # (a count on the device until here: read once per update, not per step)
         grid, stats = reassign(table_grid(self.codes, f, r, c), row_cost.double().cpu().numpy(),
                                col_cost.double().cpu().numpy(), method, exact_limit, max_sweeps)
         self.codes.copy_(codes_from_grid(self.codes, grid, f))

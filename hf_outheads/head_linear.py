@@ -7,6 +7,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .head_options import HeadDims
+from .head_interface import register_head
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 
@@ -40,6 +41,7 @@ class OwnOutputMatrix:
         return self.copy_bias(bias)
 
 
+@register_head
 class LinearHead(OwnOutputMatrix, SoftmaxHead):
     """`W` is `|V| x d_h`, independent of the input embeddings (what Llama/Qwen2 ship)."""
 

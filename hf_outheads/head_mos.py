@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .head_interface import Paper
+from .head_interface import Paper, register_head
 from .latents import KONG_2019
 from .mixture import MixtureHead, SoftmaxMixtureOptions
 from .head_options import integer
@@ -76,6 +76,7 @@ class MoSOptions(SoftmaxMixtureOptions):
     num_components: int = integer(15, minimum=1, help="K, the mixture's softmaxes (1: `linear` with a latent map)")
 
 
+@register_head
 class MoSHead(MixtureHead):
     head_type = "mos"
     Options = MoSOptions

@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .future_blocks import FuturePredictor
-from .head_interface import IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, Paper
+from .head_interface import HEAD_CLASSES, IGNORE_INDEX, HeadInputs, HeadOutput, OutputHead, Paper, register_head
 from .head_options import HeadDims, HeadOptions, choice, integer, mapping, number, text
 
 FORMS = ("sequential", "independent")
@@ -84,9 +84,7 @@ DEEPSEEK_V3 = Paper("DeepSeek-V3 Technical Report", "https://arxiv.org/abs/2412.
 
 
 def shared_head_class(head: str) -> type[OutputHead] | None:
-    """The catalog's class of `head` when it can be shared (`single_softmax`), else None."""
-    from .head_catalog import HEAD_CLASSES
-
+    """The registered class of `head` (`HEAD_CLASSES`) when it can be shared (`single_softmax`), else None."""
     cls = HEAD_CLASSES.get(head)
     return cls if cls is not None and cls.single_softmax else None
 
@@ -136,8 +134,6 @@ class MTPOptions(HeadOptions):
         return super().for_saved(cls._with_shared(options, "for_saved"))
 
     def complete(self, dims: HeadDims) -> None:
-        from .head_catalog import HEAD_CLASSES
-
         shared = shared_head_class(self.head)
         if shared is None:
             choices = [head for head, cls in HEAD_CLASSES.items() if cls.single_softmax]
@@ -158,6 +154,7 @@ class MTPOptions(HeadOptions):
         self.intermediate_size = self.intermediate_size or -(-8 * dims.hidden_dim // 3 // 64) * 64
 
 
+@register_head
 class MTPHead(OutputHead):
     """The shared head (`shared`, any `single_softmax` head) and one `FuturePredictor` per future token
     (`predictors`). Capabilities and the interface's hooks are the shared head's."""

@@ -33,8 +33,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .head_interface import (HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits, training_mode,
-                             word_rows)
+from .head_interface import (HeadInputs, HeadOutput, OutputBias, OutputHead, Paper, nll_sum_from_logits, register_head,
+                             training_mode, word_rows)
 from .head_linear import OwnOutputMatrix
 from .losses import mixture_nll_sum
 from .head_options import HeadDims, HeadOptions, choice, flag
@@ -68,6 +68,7 @@ class SigSoftmaxOptions(HeadOptions):
     output_bias: bool = flag(True, help="learn a per-word output bias b")
 
 
+@register_head
 class SigSoftmaxHead(OwnOutputMatrix, OutputBias, OutputHead):
     """`W` (`|V| x d_h`, N(0, 0.02^2)) and `b` as `linear`; sigsoftmax over `z = W h + b`."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .head_options import HeadDims, require_tied_width
-from .head_interface import Paper, TiedToEmbeddings
+from .head_interface import Paper, TiedToEmbeddings, register_head
 from .softmax import SoftmaxHead, SoftmaxOptions
 
 
@@ -16,6 +16,7 @@ class TiedOptions(SoftmaxOptions):
         require_tied_width(self.head_type, dims, "scores E h", "'bilinear' or 'linear'")
 
 
+@register_head
 class TiedHead(TiedToEmbeddings, SoftmaxHead):
     """Has no weight matrix of its own: `E` is the backbone's embedding, read at each call."""
 

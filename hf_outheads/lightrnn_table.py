@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .head_interface import IGNORE_INDEX
 from .losses import log_probs_chunk_rows
 
 TABLE_INITS = ("frequency", "random")
@@ -238,20 +239,24 @@ def first_code_params(codes, F, R, C, vectors: torch.Tensor, bias: torch.Tensor)
 
 
 def empty_costs(vocab_size: int, R: int, C: int, device) -> list:
-    """`[row_cost (|V|, R), col_cost (|V|, C), tokens]`, the accumulators of the costs."""
-    return [torch.zeros(vocab_size, R, device=device), torch.zeros(vocab_size, C, device=device), 0]
+    """`[row_cost (|V|, R), col_cost (|V|, C), tokens]`, the accumulators of the costs (`tokens` a
+    count on the device)."""
+    return [torch.zeros(vocab_size, R, device=device), torch.zeros(vocab_size, C, device=device),
+            torch.zeros((), dtype=torch.long, device=device)]
 
 
 @torch.no_grad()
 def add_costs(costs: list, codes, table, log_prior, k, s2, labels, row, W1, b1, b2) -> None:
-    """Add the costs of the table words among `labels` (positions flattened): `log_prior (n, K)`,
+    """Add the costs of the table words among `labels` (positions flattened; -100: ignored): `log_prior (n, K)`,
     latents `k (n, K, d)`, the label's row's column scores `s2 (n, K, C)` without the bias, `row (n,)`,
     first-code weights `W1` and bias `b1`, column bias `b2 (C,)`. Unmasked conditionals (an empty
     row or cell may receive words): `-log p(first = F+r)` for every row, `-log p(second = c |
-    first = current row)` for every column, the components weighted by their posterior given the row."""
+    first = current row)` for every column, the components weighted by their posterior given the row.
+    Every position is computed and the others add zeros: no position is picked by a value read back
+    from the device."""
     f, r, _ = table
-    table_word = codes[labels] >= f
-    log_prior, k, s2, labels, row = (t[table_word] for t in (log_prior, k, s2, labels, row))
+    words = labels.clamp_min(0)
+    table_word = (codes[words] >= f) & (labels != IGNORE_INDEX)
     step = log_probs_chunk_rows(k.shape[1] * (f + r))
     for s in range(0, k.shape[0], step):
         part = slice(s, s + step)
@@ -259,6 +264,7 @@ def add_costs(costs: list, codes, table, log_prior, k, s2, labels, row, W1, b1, 
         posterior = joint.gather(-1, row[part].view(-1, 1, 1).expand(-1, joint.shape[1], 1)).squeeze(-1)
         posterior = posterior - posterior.logsumexp(-1, keepdim=True)  # components given the current row
         col = torch.logsumexp(posterior.unsqueeze(-1) + (s2[part] + b2).log_softmax(-1), 1)
-        costs[0].index_add_(0, labels[part], -joint.logsumexp(1))
-        costs[1].index_add_(0, labels[part], -col)
-    costs[2] += int(labels.numel())
+        counted = table_word[part].unsqueeze(-1)
+        costs[0].index_add_(0, words[part], torch.where(counted, -joint.logsumexp(1), 0))
+        costs[1].index_add_(0, words[part], torch.where(counted, -col, 0))
+    costs[2] += table_word.sum()

@@ -15,13 +15,17 @@ their gradient) for all rows at once:
     torch's own), the fastest installed for the device and size by default.
 
 On a CUDA device a chunk's `|V|`-wide work (softmax statistics, the gradient of the scores) is
-two Triton kernels over the bf16 scores (`softmax_kernels`) instead of a dozen fp32 elementwise
-passes; elsewhere it is plain torch. Under `torch.compile` the fused losses run eagerly (a graph
-break: they are hand-fused already, and their row loop must not be unrolled into the graph);
-under `torch.export` they are one plain computation over all rows.
+two Triton kernels over the bf16 scores (`softmax_kernels`, the installed package's: a saved
+folder's remote code does not carry them and runs plain torch) instead of a dozen fp32 elementwise
+passes; elsewhere it is plain torch. Ignored rows (label -100) are computed and weigh nothing: no
+row is picked by a value read back from the device. Under `torch.compile` the fused losses run
+eagerly (a graph break: they are hand-fused already, and their row loop must not be unrolled into
+the graph); under `torch.export` they are one plain computation over all rows.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +36,7 @@ from .head_interface import IGNORE_INDEX
 from .logit_transforms import softcap as softcap_scores, z_loss_sum
 from .loss_kernels import (PEER_KERNELS, fastest_kernel, needed_features, peer_nll_sum, unavailable, unsupported,
                            use_triton)
+from .model_io import package_tool
 
 # Every chunk size of the package's row-chunk loops (`over_row_chunks`, the fused loss's chunks).
 # Logits elements per chunk of the per-row losses (32M fp32 = 128 MB): 1,024 rows at |V| = 32K, 256 at 128K.
@@ -206,14 +211,19 @@ def _product_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulat
         out.copy_(torch.mm(a, b))
 
 
-def _chunk_kernels(log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, sigsoftmax=False, softcap=0.0,
-                   z_loss=0.0):
-    """`_chunk` on a GPU: the scores `x W^T` in the products' dtype (bf16 under autocast) are
-    read twice by `softmax_kernels` (statistics, then the gradient written over them) and never
-    taken to fp32; the gradient of a row is scaled by its responsibility inside the kernel.
-    Ignored rows (label `ignore_index`) count nothing and get zero gradients, without a host sync."""
-    from .softmax_kernels import row_stats, softmax_grad_  # on a GPU's first call: Triton takes seconds to import
+def triton_kernels(device: torch.device):
+    """The package's Triton kernels (`softmax_kernels`) where they run on `device` (`use_triton`) and
+    the package is installed; None elsewhere (then `_chunk` runs)."""
+    return package_tool("softmax_kernels", required=False) if use_triton(device) else None
 
+
+def _chunk_kernels(kernels, log_prior, x, weight, bias, labels, ignore_index, grads=(None,) * 4, sigsoftmax=False,
+                   softcap=0.0, z_loss=0.0):
+    """`_chunk` on a GPU: the scores `x W^T` in the products' dtype (bf16 under autocast) are
+    read twice by the `kernels` (`softmax_kernels`: statistics, then the gradient written over them)
+    and never taken to fp32; the gradient of a row is scaled by its responsibility inside the kernel.
+    Ignored rows (label `ignore_index`) count nothing and get zero gradients, without a host sync."""
+    row_stats, softmax_grad_ = kernels.row_stats, kernels.softmax_grad_
     rows, K, d = x.shape
     flat_x, flat_labels = x.reshape(rows * K, d), labels.repeat_interleave(K)
     flat_labels = torch.where(flat_labels == ignore_index, -1, flat_labels)
@@ -255,7 +265,8 @@ def fused_mixture_nll(log_prior, latents, weight, bias, labels, ignore_index, ro
              for flag, t in zip(need, tensors)]
     weight, bias = weight.to(dtype), None if bias is None else bias.float()
     total, z_total = (torch.zeros((), dtype=torch.float32, device=weight.device) for _ in range(2))
-    chunk = _chunk_kernels if use_triton(weight.device) else _chunk
+    kernels = triton_kernels(weight.device)  # (on a GPU's first call: Triton takes seconds to import)
+    chunk = _chunk if kernels is None else functools.partial(_chunk_kernels, kernels)
     with torch.autocast(weight.device.type, enabled=False):
         for start in range(0, labels.shape[0], rows):
             part = lambda t: t if t is None else t[start : start + rows]
@@ -322,9 +333,6 @@ def mixture_nll_sum(log_prior, latents, weight, bias, labels, *, ignore_index=IG
         total, z = _chunk(log_prior.float(), latents.float(), weight.float(), bias, labels, ignore_index,
                           sigsoftmax=sigsoftmax, softcap=softcap, z_loss=z_loss)
         return (total, torch.as_tensor(z, device=total.device).detach()) if return_z_loss else total
-    keep = labels != ignore_index
-    if not use_triton(weight.device) and not bool(keep.all()):  # ignored rows (prompts, padding) cost nothing
-        log_prior, latents, labels = log_prior[keep], latents[keep], labels[keep]  # (the kernels skip them: no sync)
     rows = chunk_rows or fused_chunk_rows(weight.shape[0], K, weight.device)
     tensors, dtype = (log_prior, latents, weight, bias), matmul_dtype(weight)
     if grad_needed(*tensors):

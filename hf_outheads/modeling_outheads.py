@@ -2,6 +2,9 @@
 (`AutoModel.from_config(config.text_config)`) with a swappable output head.
 
 The classes only use the head interface of `head_interface.py`; they never look at the head's name.
+`forward` reads no value back from the device (no check of ids or labels there, as transformers'
+models: a collator checks a training batch on the host, `model_io.check_labels`); `generate`
+checks its prompt's ids once per call.
 """
 
 from __future__ import annotations
@@ -14,15 +17,13 @@ from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
-from .configuration_outheads import PACKAGE, OutHeadsConfig
-from .conversion import convert_pretrained
+from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
 from .backbones import head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
-from .integrations import LibraryHooks, effective_embedding_weight, fused_outputs
-from .model_io import (OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind, check_labels, check_token_ids,
-                       embedding_rows, shift_right)
-from .model_card import model_tags
+from .model_io import (PACKAGE, LibraryHooks, OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind,
+                       check_token_ids, effective_embedding_weight, embedding_rows, fused_outputs, model_tags,
+                       package_tool, shift_right)
 
 logger = logging.get_logger(__name__)
 
@@ -69,7 +70,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
     def output_embedding_matrix(self) -> torch.Tensor:
         """`E`: the input embedding matrix of the (decoder) backbone, `|V| x d`, as the backbone
         uses it: with the contribution of adapters on the embedding module (PEFT LoRA on
-        `embed_tokens`) while they are not merged (`integrations.effective_embedding_weight`)."""
+        `embed_tokens`) while they are not merged (`model_io.effective_embedding_weight`)."""
         return effective_embedding_weight(self.backbone.get_decoder().get_input_embeddings())
 
     @classmethod
@@ -81,7 +82,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         the original LM head where their form allows it (see each head's `init_from_lm_head`).
         `kwargs` go to the original model's `from_pretrained` (e.g. `dtype`, `revision`).
         """
-        return convert_pretrained(cls, pretrained, head_type, head_options, **kwargs)
+        return package_tool("conversion").convert_pretrained(cls, pretrained, head_type, head_options, **kwargs)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -155,7 +156,6 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
                   for i in self.head.layer_indices}
         if labels is not None:
             labels = slice_logits_to_keep(labels.unsqueeze(-1), logits_to_keep).squeeze(-1).to(hidden.device)
-            check_labels(labels, self.head.dims.vocab_size)
         if token_ids is not None:
             token_ids = slice_logits_to_keep(token_ids.unsqueeze(-1), logits_to_keep).squeeze(-1).to(hidden.device)
         inputs = HeadInputs(hidden, self.output_embedding_matrix(), layers, return_logits=return_logits,
@@ -188,8 +188,8 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
 
     def _fused_head_outputs(self, last_hidden, hidden_states, labels, shift_labels, num_items_in_batch, token_ids=None):
         """TRL's fused-LM-head call (`fused_lm_head=True`): per-token log-probabilities of the
-        next-token labels, entropy, ... through the head (`integrations.fused_outputs`), at the
-        temperature of TRL's patch (`integrations.LibraryHooks.__setattr__`)."""
+        next-token labels, entropy, ... through the head (`model_io.fused_outputs`), at the
+        temperature of TRL's patch (`model_io.LibraryHooks.__setattr__`)."""
         if shift_labels is None:
             if labels is None:
                 raise ValueError("fused_lm_head=True needs labels (or shift_labels).")
@@ -253,10 +253,9 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         """`labels` are the input ids (shifted here); `shift_labels` are already shifted (label of
         position t = token t + 1), as transformers' causal LMs accept them: in `kwargs`, as theirs, so
         that Trainer's label names (every forward parameter named `*label*`) are `["labels"]`.
-        `fused_lm_head=True`: TRL's per-token outputs instead (`integrations.FusedLMHeadOutput`)."""
+        `fused_lm_head=True`: TRL's per-token outputs instead (`model_io.FusedLMHeadOutput`)."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch, shift_labels = kwargs.pop("num_items_in_batch", None), kwargs.pop("shift_labels", None)
-        check_token_ids(input_ids, embedding_rows(self.get_input_embeddings()))
         outputs = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -322,9 +321,6 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
     ) -> OutHeadsSeq2SeqLMOutput:
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        size = embedding_rows(self.get_input_embeddings())
-        check_token_ids(input_ids, size)
-        check_token_ids(decoder_input_ids, size, "decoder_input_ids")
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.backbone(

@@ -16,7 +16,8 @@ al. 2018, Sec. 3.3), 0 for an ignored row. Liger-Kernel's fused linear cross-ent
 two passes for one softmax (with a soft cap and a z-loss); these kernels add the bias, the
 sigsoftmax epilogue and a per-row scale, which a mixture needs and no peer offers.
 
-Imported on first use where `loss_kernels.use_triton`; on a CPU, Triton's interpreter runs them
+Imported on first use where `loss_kernels.use_triton`, from the installed package (`losses.triton_kernels`:
+a saved folder does not carry this file); on a CPU, Triton's interpreter runs them
 (`TRITON_INTERPRET=1` set before Triton is imported), which the tests use.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # (in a try: a saved model's remote code, which copies this file, must not require Triton)
+try:  # (the package does not require Triton: the fused loss runs plain torch without it)
     import triton
     import triton.language as tl
 except ImportError as error:

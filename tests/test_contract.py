@@ -6,16 +6,20 @@ the logits, bf16, logits_to_keep, cached generation, save/load, Auto classes, re
 
 import json
 import os
+import re
 import subprocess
 import sys
+import traceback
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from torch.overrides import TorchFunctionMode
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from hf_outheads import HEAD_CLASSES, OutHeadsConfig
+from hf_outheads import HEAD_CLASSES, OutHeadsConfig, get_head_class
 from head_cases import HEAD_CASES
 from tiny import SEQ2SEQ, batch, model_class, tiny_config, tiny_model
 
@@ -51,7 +55,7 @@ def logits_of(model, inputs):
 
 TOY_HEAD = '''"""`toy`: a throwaway head of the completeness test (an untied softmax)."""
 
-from .head_interface import Paper
+from .head_interface import Paper, register_head
 from .head_linear import LinearHead, LinearOptions
 
 
@@ -59,6 +63,7 @@ class ToyOptions(LinearOptions):
     """`toy`'s options: `linear`'s."""
 
 
+@register_head
 class ToyHead(LinearHead):
     head_type = "toy"
     Options = ToyOptions
@@ -107,9 +112,29 @@ def test_every_registered_head_has_a_case():
     assert set(HEAD_CLASSES) == set(HEAD_CASES)
 
 
+def test_heads_register_explicitly_and_a_taken_name_is_refused():
+    """`register_head` files a head class under its `head_type`; a second class with a taken name is a
+    ValueError and leaves the first in place (as peft's `register_peft_method`)."""
+    from hf_outheads.head_interface import register_head
+    from hf_outheads.head_tied import TiedHead
+
+    assert register_head(TiedHead) is TiedHead and HEAD_CLASSES["tied"] is TiedHead  # the same class again: as it is
+
+    class OtherTied(TiedHead):
+        head_type = "tied"
+
+    with pytest.raises(ValueError, match=r"Head type 'tied' is taken by hf_outheads\.head_tied\.TiedHead: give "
+                                         r".*OtherTied another head_type"):
+        register_head(OtherTied)
+    assert HEAD_CLASSES["tied"] is TiedHead
+    with pytest.raises(TypeError, match="register_head takes an OutputHead subclass"):
+        register_head(torch.nn.Linear)
+
+
 def test_a_new_head_is_one_file_and_one_catalog_line(tmp_path):
-    """A throwaway head in a copy of the package: its file plus one import line in head_catalog.py,
-    nothing else; its card (tags and citation), the benchmark's cases (one measured), the export's
+    """A throwaway head in a copy of the package: its file (its class registered with `register_head`)
+    plus one import line in head_catalog.py, nothing else; its card (tags and citation), the
+    benchmark's cases (one measured), the export's
     capability table, the README's head and serving tables, the contract cases and the
     sharded-training cases all pick it up, and the
     FSDP2 worker trains it on two processes as it trains unsharded."""
@@ -150,6 +175,47 @@ def test_forward_backward_reaches_head(head, backbone):
     for name, param in model.head.named_parameters():
         assert param.grad is not None, f"no gradient reaches head.{name}"
         assert torch.isfinite(param.grad).all() and param.grad.abs().sum() > 0, f"head.{name}: zero/NaN gradient"
+
+
+class HostReads(TorchFunctionMode):
+    """Counts what reads a tensor's values back to the host (a wait for the device on a GPU): `.item()`,
+    `.tolist()`, `bool()` / `int()` / `float()` of a tensor, and the operations whose output size
+    depends on the values (`nonzero`, `unique`, a boolean mask as an index, ...)."""
+
+    READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+             torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.nonzero, torch.nonzero,
+             torch.Tensor.unique, torch.unique, torch.Tensor.masked_select, torch.masked_select, torch.argwhere}
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        index = args[1] if func is torch.Tensor.__getitem__ and len(args) > 1 else None
+        masks = [i for i in (index if isinstance(index, tuple) else (index,))
+                 if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
+        if func in self.READS or masks:
+            caller = next(frame for frame in reversed(traceback.extract_stack()[:-1])
+                          if "/torch/" not in frame.filename)
+            self.reads.append(f"{getattr(func, '__name__', func)} at {Path(caller.filename).name}:{caller.lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
+def test_a_training_step_reads_nothing_back_from_the_device(head, backbone):
+    """Issue 48: a training forward with labels and its backward read no value back from the device, for
+    every training loss the head offers (ids and labels are checked where a batch is built, on the host;
+    `generate` checks its prompt once per call). `sampled` picks its candidates from the batch's
+    targets, so it reads them: not a loss of the fast path."""
+    losses = get_head_class(head).training_losses()
+    for loss in [loss for loss in losses if loss != "sampled"]:
+        options = {**HEAD_CASES[head], **({} if loss == "exact" else {"training_loss": loss})}
+        model = tiny_model(backbone, head, options).train()
+        model.head.begin_periodic_updates()  # lightrnn collects its table's statistics in the step
+        data = batch(backbone)
+        with HostReads() as host:
+            model(**data).loss.backward()
+        assert host.reads == [], (loss, host.reads)
 
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
@@ -246,15 +312,22 @@ for case in json.load(open(sys.argv[1])):
         auto = getattr(transformers, case["auto"])
         model = auto.from_pretrained(case["folder"], trust_remote_code=True).eval()
         plain = transformers.AutoModel.from_pretrained(case["folder"], trust_remote_code=True)
+        inputs = torch.load(case["folder"] + "/inputs.pt")
         with torch.no_grad():
-            logits = model(**torch.load(case["folder"] + "/inputs.pt")).logits
+            logits = model(**inputs).logits
         torch.save(logits, case["folder"] + "/remote_logits.pt")
+        generated = model.generate(input_ids=inputs["input_ids"], max_new_tokens=3, min_new_tokens=3, do_sample=False)
+        torch.save(generated, case["folder"] + "/remote_generated.pt")
         results[case["id"]] = {"module": type(model).__module__, "class": type(model).__name__,
                                "automodel_class": type(plain).__name__}
     except Exception as error:
         results[case["id"]] = {"error": f"{type(error).__name__}: {error}"}
 print(json.dumps(results))
 """
+
+
+def greedy(model, inputs):
+    return model.generate(input_ids=inputs["input_ids"], max_new_tokens=3, min_new_tokens=3, do_sample=False)
 
 
 def broken_checkpoint(root):
@@ -284,6 +357,7 @@ def remote_loads(tmp_path_factory):
         inputs = inputs_only(backbone)
         torch.save(inputs, folder / "inputs.pt")
         expected[case_id] = logits_of(model, inputs)
+        torch.save(greedy(model, inputs), folder / "generated.pt")
         cases.append({"id": case_id, "folder": str(folder), "auto": auto_class(backbone).__name__})
     cases.append(broken_checkpoint(root))
     (root / "cases.json").write_text(json.dumps(cases))
@@ -307,6 +381,56 @@ def test_remote_code_load_in_fresh_process(head, backbone, remote_loads):
     assert result["module"].startswith("transformers_modules.")
     assert result["class"] == result["automodel_class"] == model_class(backbone).__name__
     assert torch.equal(torch.load(root / case_id / "remote_logits.pt"), expected[case_id])
+    assert torch.equal(torch.load(root / case_id / "remote_generated.pt"), torch.load(root / case_id / "generated.pt"))
+
+
+TOOL_FILES = {"conversion.py", "export_plain.py", "model_card.py", "folders.py", "flops.py", "frequency_bands.py",
+              "softmax_kernels.py", "cli.py", "__init__.py"}
+
+
+def code_files(folder):
+    return {path.name for path in folder.glob("*.py")}
+
+
+@pytest.mark.parametrize("head", sorted(HEAD_CASES))
+def test_a_saved_folder_carries_the_runtime_of_its_heads_alone(head, remote_loads):
+    """Issue 48: a saved folder carries what loading, forward and generate need (its folders load, run and
+    generate in a process that cannot import the package: `test_remote_code_load_in_fresh_process`): its
+    `head_catalog.py` imports the model's head classes alone (`mtp`'s shared head too), and the folder holds
+    nothing the config and model files do not import, no tool (conversion, export, cards, FLOP counting, the
+    GPU kernels); a `tied` folder at most 12 files."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    from hf_outheads import OutputHead
+
+    root, _, _ = remote_loads
+    folder = root / f"{head}-llama"
+    files = code_files(folder)
+    model = tiny_model("llama", head, HEAD_CASES[head])
+    heads = {(cls.__module__.rsplit(".", 1)[-1], cls.__name__) for cls in map(type, model.head.modules())
+             if issubclass(cls, OutputHead)}
+    catalog = (folder / "head_catalog.py").read_text()
+    assert set(re.findall(r"^from \.(head_\w+) import (\w+)$", catalog, re.M)) == heads, catalog
+    entries = ("configuration_outheads.py", "modeling_outheads.py")
+    needed = set(entries) | {Path(f).name for entry in entries for f in get_relative_import_files(folder / entry)}
+    assert files == needed and not TOOL_FILES & files, sorted(files ^ needed)
+    if head == "tied":
+        assert len(files) <= 12, sorted(files)
+    if head == "mtp":
+        assert {"head_mtp.py", "head_tied.py"} <= files  # its shared head (`tied` in the contract case)
+
+
+def test_a_save_over_an_earlier_one_drops_the_code_files_it_no_longer_writes(tmp_path):
+    """A folder saved before issue 48 carries the whole package; a save over it keeps the runtime alone,
+    and a file of the user's there stays."""
+    package = Path(__import__("hf_outheads").__file__).parent
+    for name in ("conversion.py", "model_card.py", "head_mos.py", "mixture.py"):
+        (tmp_path / name).write_text((package / name).read_text())
+    (tmp_path / "notes.py").write_text("# mine\n")
+    tiny_model("llama", "tied").save_pretrained(tmp_path)
+    files = code_files(tmp_path)
+    assert "notes.py" in files and "head_tied.py" in files and not {"conversion.py", "model_card.py", "head_mos.py",
+                                                                    "mixture.py"} & files, files
 
 
 def test_remote_code_load_refuses_missing_head_weights(remote_loads):

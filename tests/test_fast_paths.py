@@ -5,7 +5,7 @@ import torch
 
 from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM
 from head_cases import HEAD_CASES
-from hf_outheads.sampled_softmax import sample_candidates, sampled_nll_sum
+from hf_outheads.softmax import sample_candidates, sampled_nll_sum
 from tiny import tiny_config
 
 # the heads with the chunked and the sampled training loss (`training_losses()`), with their contract options

@@ -13,8 +13,13 @@ from transformers import AutoModelForCausalLM
 from hf_outheads import HEAD_CLASSES, OutHeadsForCausalLM
 from tiny import batch, tiny_model
 
-CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "head_interface.py", "head_options.py", "head_catalog.py",
-              "backbones.py", "softmax.py", "sampled_softmax.py", "losses.py", "mixture.py", "lightrnn_table.py"}
+# the runtime of a single-softmax head: what loading, forward and generate need
+CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "model_io.py", "head_interface.py",
+              "head_options.py", "head_catalog.py", "backbones.py", "softmax.py", "losses.py", "loss_kernels.py",
+              "logit_transforms.py"}
+# the tools, which the installed package keeps
+TOOL_FILES = {"conversion.py", "export_plain.py", "model_card.py", "folders.py", "flops.py", "frequency_bands.py",
+              "softmax_kernels.py", "cli.py"}
 
 
 @pytest.fixture
@@ -37,17 +42,20 @@ def fake_hub(monkeypatch):
     return commits
 
 
-def head_files():
-    return {f"{cls.__module__.rsplit('.', 1)[-1]}.py" for cls in HEAD_CLASSES.values()}
+def head_file(head_type):
+    return f"{HEAD_CLASSES[head_type].__module__.rsplit('.', 1)[-1]}.py"
 
 
 def test_push_to_hub_uploads_everything_in_one_commit(fake_hub, tmp_path):
+    """Weights, configs, the card and the code of the model's runtime alone: no tool, no other head."""
     model = tiny_model("gpt2", "bilinear")
     model.push_to_hub("someone/tiny-outheads", tags=["my-tag"])
     assert len(fake_hub) == 1 and fake_hub[0]["repo_id"] == "someone/tiny-outheads"
     files = fake_hub[0]["files"]
-    expected = {"config.json", "model.safetensors", "generation_config.json", "README.md"} | CODE_FILES | head_files()
+    expected = {"config.json", "model.safetensors", "generation_config.json", "README.md", head_file("bilinear")} | CODE_FILES
     assert expected <= set(files), expected - set(files)
+    other_heads = {head_file(head) for head in HEAD_CLASSES if head != "bilinear"}
+    assert not (TOOL_FILES | other_heads) & set(files), (TOOL_FILES | other_heads) & set(files)
 
     card = ModelCard(files["README.md"].decode())
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
@@ -63,9 +71,16 @@ def test_push_to_hub_uploads_everything_in_one_commit(fake_hub, tmp_path):
 
 
 def test_save_pretrained_with_push_uses_the_card_too(fake_hub, tmp_path):
+    """The card, and the code of the runtime alone, also through `save_pretrained(push_to_hub=True)`, which
+    writes the folder in place; a file of the user's in that folder stays."""
+    (tmp_path / "tiny-tied").mkdir()
+    (tmp_path / "tiny-tied" / "notes.py").write_text("# mine\n")
     tiny_model("gpt2", "tied").save_pretrained(tmp_path / "tiny-tied", push_to_hub=True, repo_id="someone/tiny-tied")
     card = ModelCard(fake_hub[0]["files"]["README.md"].decode())
     assert "outheads-tied" in card.data.tags
+    code = {name for name in fake_hub[0]["files"] if name.endswith(".py")}
+    assert code == CODE_FILES | {head_file("tied")}, code  # (only files the save wrote are uploaded)
+    assert (tmp_path / "tiny-tied" / "notes.py").read_text() == "# mine\n"
 
 
 def test_model_card_describes_the_model():

@@ -2,7 +2,7 @@
 
 TRL replaces `model.forward` by a fused LM head (`add_fused_lm_head`) that would multiply the
 backbone's last hidden state by `get_output_embeddings().weight`; the model answers that call
-through its head instead (`hf_outheads.integrations`). PEFT adapters on the input embeddings
+through its head instead (`hf_outheads.model_io`). PEFT adapters on the input embeddings
 are seen by the heads that read `E`."""
 
 import pytest
@@ -176,10 +176,10 @@ def test_fused_lm_head_keeps_the_patch_temperature():
 
 
 def test_trl_keeps_the_fused_lm_head_contract():
-    """`integrations`' documented contract with the installed TRL: `add_fused_lm_head(model,
+    """`model_io`'s documented contract with the installed TRL: `add_fused_lm_head(model,
     temperature=t)` assigns a bound forward taking `fused_lm_head` whose `temperature` is `t`.
     Checked on a plain transformers model (no hf_outheads interception): fails when TRL changes it."""
-    from hf_outheads.integrations import fused_lm_head_settings, is_fused_lm_head_patch
+    from hf_outheads.model_io import fused_lm_head_settings, is_fused_lm_head_patch
     from tiny import tiny_original
 
     plain = tiny_original("llama")
