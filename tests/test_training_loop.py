@@ -15,7 +15,6 @@ import torch
 from accelerate.state import AcceleratorState, GradientState
 from torch.overrides import TorchFunctionMode
 
-import hf_outheads.modeling_outheads
 from hf_outheads.training import loop, modeling, train
 from hf_outheads.training.options import RunOptions
 from hf_outheads.training.tokenization import train_tokenizer
@@ -151,9 +150,6 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.xfail(hasattr(hf_outheads.modeling_outheads, "check_labels"), strict=True,
-                   reason="the model's forward still checks ids and labels on the host (check_token_ids, check_labels): "
-                          "issue 48's runtime part takes them out of forward")
 def test_the_eager_training_step_reads_nothing_from_the_device_between_logging_steps(tmp_path, monkeypatch):
     """Issue 48: between logging steps, an eager step (forward, backward, clipping, update, schedule) and the loop's
     bookkeeping read no value back from the device; the reads of a logging step (the loss, the non-finite watch) are
