@@ -137,6 +137,9 @@ def main(argv=None):
                              [(name, seed) for name in names for seed in seeds]))
     command = "python -m studies.compare_heads " + shlex.join(sys.argv[1:] if argv is None else argv)
     if saved is not None:  # the comparison's other runs as they were, then the added ones
+        if failed := [f"{run['name']} seed {run['seed']}" for run in runs if "error" in run]:
+            raise SystemExit(f"--add_to {extra['add_to']}: left as it was, since {', '.join(failed)} failed "
+                             f"(see train.log under {output_dir}).")
         runs = [run for run in saved["runs"] if run["name"] not in names] + runs
         command, output_dir = f"{saved['command']}; then {command}", extra["add_to"]
     return write_results(output_dir, command, seeds, runs, plot=not extra["no_plot"])

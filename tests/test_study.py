@@ -224,3 +224,9 @@ def test_runs_are_added_to_a_written_comparison_without_training_the_others(tmp_
     assert "| linear | linear | 2 | 41.50 ± 0.71 |" in (folder / "results.md").read_text()
     with pytest.raises(SystemExit, match=r"its runs are at seeds \[1, 2\], not \[3\]"):
         compare_heads.main(argv + ["--seeds", "3"])
+    written = (folder / "results.json").read_text()
+    monkeypatch.setattr(compare_heads, "run_one", lambda options, name, spec, seed, *rest: {
+        "name": name, "seed": seed, "error": "FileNotFoundError: no data"})
+    with pytest.raises(SystemExit, match="left as it was, since linear seed 1, linear seed 2 failed"):
+        compare_heads.main(argv)
+    assert (folder / "results.json").read_text() == written
