@@ -16,19 +16,19 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# the comparisons of studies/results/regimes.md (folders of RESULTS), in its order, with the name
-# README.md's head table gives each (regimes.md's first table describes them)
+# the comparisons of studies/results/regimes.md (folders of RESULTS), in its order, each with the
+# setting the README's tables name it by (regimes.md's first table describes each in full)
 REGIMES = {
-    "regime_scratch": "from scratch",
-    "regime_rank": "rank-bound",
-    "regime_finetune": "converted, fine-tuned",
-    "regime_heldout": "held-out text",
-    "regime_scarce": "data-scarce",
-    "regime_restore_scratch": "seq2seq from scratch",
-    "regime_restore_finetune": "seq2seq converted, fine-tuned",
-    "scale_gpt2small": "GPT-2-small size",
-    "mtp_finetune": "converted, fine-tuned with MTP",
-    "mtp_finetune_6l": "6 layers, converted, fine-tuned with MTP",
+    "regime_scratch": "from scratch, 2,000 words, width 128",
+    "regime_rank": "from scratch, 16,000 words, width 64",
+    "regime_finetune": "a pretrained model converted, fine-tuned on new text",
+    "regime_heldout": "from scratch on new text, a short run",
+    "regime_scarce": "little data, many epochs",
+    "regime_restore_scratch": "seq2seq from scratch, little data",
+    "regime_restore_finetune": "seq2seq, a pretrained model converted, fine-tuned",
+    "scale_gpt2small": "GPT-2 small, one GPU",
+    "mtp_finetune": "converted, fine-tuned with multi-token prediction",
+    "mtp_finetune_6l": "6 layers, converted, fine-tuned with multi-token prediction",
 }
 
 

@@ -1,4 +1,4 @@
-"""Tests that download something (README, "Tests": what is fetched and why) carry the marker
+"""Tests that download something (docs/testing.md, "Downloads": what is fetched and why) carry the marker
 `@pytest.mark.downloads("what")`. Offline such a test skips, and its skip says so in the summary
 (`needs a download (what): why it skipped`). With HF_OUTHEADS_REQUIRE_DOWNLOADS=1 (set by CI,
 `.ci/run`) a skipped one fails instead: CI cannot pass without having run them.

@@ -138,11 +138,11 @@ def test_a_models_head_options_are_checked_and_resolved_once(head, given, tmp_pa
 
 @pytest.mark.parametrize("head_type", sorted(HEAD_CLASSES))
 def test_every_head_option_has_help_and_is_documented(head_type):
-    """Each option's declaration carries its help (what it sets); hf_outheads/README.md, which says
-    why the defaults are what they are, names every option."""
+    """Each option's declaration carries its help (what it sets); docs/heads.md, which says why the
+    defaults are what they are, names every option."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "hf_outheads" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "heads.md").read_text()
     for name, spec in HEAD_CLASSES[head_type].Options.declarations().items():
         assert spec.help.strip(), (head_type, name)
         assert f"`{name}`" in readme, (head_type, name)

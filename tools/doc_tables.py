@@ -8,12 +8,14 @@ current (a hand edit, or a results file or head class changed without a rerun, f
 The tables (`TABLES`), each named in its begin marker:
   - `regimes` (studies/results/regimes.md): every run of every regime against its best plain head
     (`regimes.regime_table` of `regimes.REGIMES`);
-  - `heads` (README.md): one row per registered head: its papers and its plain export (the head
-    class's `papers`, `exact_plain_export`) and, per regime, its runs against the best plain head
-    (the regimes' `results.json`);
-  - `serving` (hf_outheads/README.md): what `export_plain` writes for each head, on the families
+  - `heads` (README.md): one row per registered head: its papers (the head class's `papers`), where
+    it helped most, by how much, against which plain head and at what training FLOPs a step, or
+    "no gain measured" (`head_summary`), and its run at GPT-2-small size (the regimes' `results.json`);
+  - `regime_groups` (studies/README.md): every run of every regime against the best plain head, in
+    tables of at most six columns (`REGIME_GROUPS`);
+  - `serving` (docs/heads.md): what `export_plain` writes for each head, on the families
     with and without an output bias (`exact_plain_export`, `plain_export_limit`);
-  - `families` (hf_outheads/README.md): the transformers families `from_backbone` converts exactly and
+  - `families` (docs/families.md): the transformers families `from_backbone` converts exactly and
     those it refuses, with the reason, and `unbuilt_families` (studies/results/families.md): those the
     sweep could not build here or did not try, with the reason (`studies/results/families.json`, written
     by `python -m studies.family_sweep`).
@@ -25,6 +27,7 @@ command after any of them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -39,6 +42,15 @@ ROOT = Path(__file__).resolve().parents[1]
 BEGIN = re.compile(r"<!-- generated table `(?P<name>\w+)`[^\n]*-->\n")
 END = "<!-- end of the generated table -->"
 COMMAND = "python -m tools.doc_tables"
+PLAIN = ("linear", "tied")  # the plain heads, the references of every comparison
+GPU_REGIME = "scale_gpt2small"  # README.md's head table gives it a column of its own
+# studies/README.md's tables of every run: the regimes (`REGIMES`) in groups of at most five
+REGIME_GROUPS = {
+    "Language models trained from scratch": ["regime_scratch", "regime_rank", "regime_heldout", "regime_scarce",
+                                             GPU_REGIME],
+    "Pretrained models converted and fine-tuned": ["regime_finetune", "mtp_finetune", "mtp_finetune_6l"],
+    "Sequence to sequence": ["regime_restore_scratch", "regime_restore_finetune"],
+}
 
 
 def bibtex_field(bibtex: str, name: str) -> str | None:
@@ -76,34 +88,110 @@ def seeds_better(row: dict, best: dict, metric: str, higher_is_better: bool) -> 
     return f"({wins}/{len(paired)})"
 
 
+def change(row: dict, reference: dict, metric: str = "eval_perplexity", percent: bool = True) -> float:
+    """The change of `row`'s mean `metric` against `reference`'s: relative, or in points."""
+    mine, theirs = row[metric][0], reference[metric][0]
+    return mine / theirs - 1.0 if percent else mine - theirs
+
+
 def run_cell(row: dict, best: dict) -> str:
-    """One run against the best plain row: its perplexity change (seeds better), and where the
-    comparison generated text, its BLEU change in points (seeds better) first."""
+    """One run against a reference run (the best plain head): its perplexity change (seeds better),
+    and where the comparison generated text, its BLEU change in points (seeds better) first."""
     if row["name"] == best["name"]:
         return "baseline"
-    text = f"{signed(row['eval_perplexity_vs_best_plain'])} {seeds_better(row, best, 'eval_perplexity', False)}"
-    if "eval_sacrebleu" in row and "eval_sacrebleu" in best:
-        bleu = row["eval_sacrebleu"][0] - best["eval_sacrebleu"][0]
+    text = f"{signed(change(row, best))} {seeds_better(row, best, 'eval_perplexity', False)}"
+    if row.get("eval_sacrebleu") and best.get("eval_sacrebleu"):
+        bleu = change(row, best, "eval_sacrebleu", percent=False)
         text = f"BLEU {signed(bleu, False)} {seeds_better(row, best, 'eval_sacrebleu', True)}, perplexity {text}"
     return text if row["name"] == row["head"] else f"`{row['name']}` {text}"
 
 
+def variant_options(row: dict) -> str:
+    """The options of a run of a head variant that differ from the head's defaults, as
+    "`num_future: 2`, ..." (README.md names no variant)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(HEAD_CLASSES[row["head"]].Options)
+                if f.default is not dataclasses.MISSING}
+    return ", ".join(f"`{name}: {value}`" for name, value in row["head_options"].items()
+                     if name in defaults and defaults[name] != value)
+
+
+def regime_results() -> dict[str, dict]:
+    return {folder: json.loads((RESULTS / folder / "results.json").read_text()) for folder in REGIMES}
+
+
+def reference_run(result: dict, row: dict) -> dict | None:
+    """What a run is measured against: its comparison's best plain head, or for the best plain head
+    itself the other plain head of the comparison (None where that did not run)."""
+    rows = {r["name"]: r for r in result["rows"]}
+    if row["name"] != result["best_plain"]:
+        return rows[result["best_plain"]]
+    return next((rows[name] for name in PLAIN if name in rows and name != row["name"]), None)
+
+
+def all_seeds_better(row: dict, reference: dict) -> bool:
+    wins, paired = seeds_better(row, reference, "eval_perplexity", False).strip("()").split("/")
+    return wins == paired and change(row, reference) < 0
+
+
+def head_summary(head_type: str, results: dict[str, dict]) -> tuple[str, str, str, str]:
+    """README.md's cells for one head: (when it helps, by how much, against what, at what training
+    FLOPs a step). Its own runs (else its variants) over every regime but the GPU one, each against
+    its reference (`reference_run`): the largest perplexity gain among those better at every paired
+    seed; where none is, "no gain measured" and the closest run."""
+    runs = [(folder, row, reference_run(result, row)) for folder, result in results.items() if folder != GPU_REGIME
+            for row in result["rows"] if row.get("head") == head_type]
+    own = [run for run in runs if run[1]["name"] == head_type]
+    runs = [run for run in (own or runs) if run[2] is not None]
+    if not runs:
+        return "not run in the comparisons", "", "", ""
+    gains = [run for run in runs if all_seeds_better(run[1], run[2])]
+    folder, row, reference = min(gains or runs, key=lambda run: change(run[1], run[2]))
+    where = f"[{REGIMES[folder]}](studies/results/{folder}/results.md)"
+    when = where if gains else f"no gain measured (closest: {where})"
+    flops = row["train_flops"] / reference["train_flops"]
+    gain = run_cell({**row, "name": row["head"]}, reference)
+    gain = gain if gain.startswith("BLEU") else f"perplexity {gain}"
+    if row["name"] != row["head"]:
+        gain = f"with {variant_options(row)}: {gain}"
+    return when, gain, f"`{reference['name']}`", f"{flops:.2f}x"
+
+
 def head_table() -> str:
     """README.md's head table (see the module docstring)."""
-    results = {folder: json.loads((RESULTS / folder / "results.json").read_text()) for folder in REGIMES}
-    header = ["head", "papers", "exports exactly as a stock model"]
-    for folder, label in REGIMES.items():
-        header.append(f"[{label}](studies/results/{folder}/results.md) vs `{results[folder]['best_plain']}`")
+    results = regime_results()
+    gpu = results[GPU_REGIME]
+    header = ["head", "helps when", "by how much (seeds better)", "against", "training FLOPs a step",
+              f"[{REGIMES[GPU_REGIME]}](studies/results/{GPU_REGIME}/results.md) vs `{gpu['best_plain']}`"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    gpu_best = next(row for row in gpu["rows"] if row["name"] == gpu["best_plain"])
     for head_type, cls in HEAD_CLASSES.items():
-        cells = [f"`{head_type}`", paper_links(cls.papers), "yes" if cls.exact_plain_export else "no"]
-        for result in results.values():
-            best = next(row for row in result["rows"] if row["name"] == result["best_plain"])
-            runs = sorted((row for row in result["rows"] if row.get("head") == head_type),
-                          key=lambda row: row["name"] != head_type)  # the head's own run first, then its variants
-            cells.append("; ".join(run_cell(row, best) for row in runs))
+        on_gpu = next((row for row in gpu["rows"] if row["name"] == head_type), None)
+        cells = [f"`{head_type}` ({paper_links(cls.papers) if cls.papers else 'the plain layer'})", *head_summary(head_type, results),
+                 run_cell(on_gpu, gpu_best) if on_gpu else "not run"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def regime_group_tables() -> str:
+    """studies/README.md's tables: per group of regimes (`REGIME_GROUPS`), one row per head that ran in
+    one of them, one column per regime: its runs against the best plain head."""
+    results = regime_results()
+    parts = []
+    for title, folders in REGIME_GROUPS.items():
+        header = ["head"] + [f"[{REGIMES[f]}](results/{f}/results.md) vs `{results[f]['best_plain']}`" for f in folders]
+        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        for head_type in HEAD_CLASSES:
+            cells = [f"`{head_type}`"]
+            for folder in folders:
+                result = results[folder]
+                best = next(row for row in result["rows"] if row["name"] == result["best_plain"])
+                runs = sorted((row for row in result["rows"] if row.get("head") == head_type),
+                              key=lambda row: row["name"] != head_type)  # the head's own run first, then its variants
+                cells.append("; ".join(run_cell(row, best) for row in runs))
+            if any(cells[1:]):
+                lines.append("| " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
 
 
 NO_BIAS, BIAS = "GPT-2, Llama, Qwen2, Mistral, T5 (no output bias in the class)", "BART, Marian (`final_logits_bias`)"
@@ -158,6 +246,7 @@ def unbuilt_families_table() -> str:
 
 
 TABLES = {"regimes": lambda: regime_table([RESULTS / folder for folder in REGIMES]), "heads": head_table,
+          "regime_groups": regime_group_tables,
           "serving": serving_table, "families": families_table, "unbuilt_families": unbuilt_families_table}
 
 
