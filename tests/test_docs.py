@@ -104,9 +104,10 @@ def test_the_readme_installs_each_extra_once():
 
 
 def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
-    """README.md's head table, hf_outheads/README.md's serving table and list of families, regimes.md's
-    and families.md's tables are what `python -m tools.doc_tables` writes from the head classes and the
-    results files; a figure, a seed count or a family edited by hand, in any of them, no longer matches."""
+    """README.md's head table, studies/README.md's tables of every run, hf_outheads/README.md's serving
+    table, docs/families.md's list of families, regimes.md's and families.md's tables are what
+    `python -m tools.doc_tables` writes from the head classes and the results files; a figure, a seed
+    count or a family edited by hand, in any of them, no longer matches."""
     from tools.doc_tables import documents, held_and_current
 
     tables = {}
@@ -114,8 +115,10 @@ def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
         for name, held, now in held_and_current(path):
             assert held == now, f"{path.relative_to(ROOT)}: table `{name}` is not current: run python -m tools.doc_tables"
             tables[name] = (path, held)
-    assert set(tables) == {"heads", "serving", "regimes", "families", "unbuilt_families"}
-    edits = {"heads": ("-5.2% (3/3)", "-5.2% (1/3)"), "serving": ("not at all: a mixture", "exact: a mixture"),
+    assert set(tables) == {"heads", "regime_groups", "serving", "regimes", "families", "unbuilt_families"}
+    edits = {"heads": ("perplexity -5.7% (3/3)", "perplexity -5.7% (1/3)"),
+             "regime_groups": ("| -2.2% (3/3) |", "| -2.2% (1/3) |"),
+             "serving": ("not at all: a mixture", "exact: a mixture"),
              "regimes": ("| +8.9% (0/3) |", "| +9.9% (0/3) |"), "families": ("`gpt2`, ", "`gpt3`, "),
              "unbuilt_families": ("| unbuildable |", "| exact |")}
     for name, (before, after) in edits.items():
@@ -126,10 +129,20 @@ def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
         assert [name for name, held, now in held_and_current(copy) if held != now] == [name]
 
 
-def test_the_head_tables_seed_counts_come_from_each_seeds_results(tmp_path, monkeypatch):
+def test_every_regime_is_in_one_group_of_studies_tables():
+    from studies.regimes import REGIMES
+    from tools.doc_tables import REGIME_GROUPS
+
+    grouped = [folder for folders in REGIME_GROUPS.values() for folder in folders]
+    assert sorted(grouped) == sorted(REGIMES) and all(len(folders) <= 5 for folders in REGIME_GROUPS.values())
+
+
+def test_the_tables_seed_counts_and_the_readmes_choice_come_from_each_seeds_results(tmp_path, monkeypatch):
     """A verdict's seed count is counted from the per-seed results: one seed of `mos` made worse than
-    `linear`'s in regime_scratch's results.json turns its "(3/3)" into "(2/3)", and the README no
-    longer matches; `rewrite` puts the new table between the markers and leaves the rest."""
+    `linear`'s in regime_scratch's results.json turns its "(3/3)" into "(2/3)" in studies/README.md's
+    table. README.md's row of a head shows where it gained most at every seed: one seed of `mos` made
+    worse in regime_restore_finetune moves it to regime_finetune. `rewrite` puts the new tables
+    between the markers and leaves the rest."""
     import json
     import shutil
 
@@ -138,20 +151,36 @@ def test_the_head_tables_seed_counts_come_from_each_seeds_results(tmp_path, monk
 
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.png"))
-    saved = json.loads((results / "regime_scratch" / "results.json").read_text())
-    rows = {row["name"]: row for row in saved["rows"]}
-    rows["mos"]["per_seed"]["eval_perplexity"]["1"] = rows["linear"]["per_seed"]["eval_perplexity"]["1"] + 1.0
-    (results / "regime_scratch" / "results.json").write_text(json.dumps(saved))
+    for folder in ("regime_scratch", "regime_restore_finetune"):
+        saved = json.loads((results / folder / "results.json").read_text())
+        rows = {row["name"]: row for row in saved["rows"]}
+        rows["mos"]["per_seed"]["eval_perplexity"]["1"] = rows["linear"]["per_seed"]["eval_perplexity"]["1"] + 1.0
+        (results / folder / "results.json").write_text(json.dumps(saved))
     monkeypatch.setattr(doc_tables, "RESULTS", results)
+    mos = lambda table: next(line for line in table.splitlines() if line.startswith("| `mos` "))
+
+    studies = tmp_path / "studies.md"
+    studies.write_text((ROOT / "studies" / "README.md").read_text())
+    [(name, held, now)] = doc_tables.held_and_current(studies)
+    assert name == "regime_groups" and "| -2.2% (3/3) |" in mos(held) and "| -2.2% (2/3) |" in mos(now)
+
     readme = tmp_path / "README.md"
     readme.write_text((ROOT / "README.md").read_text())
     [(name, held, now)] = doc_tables.held_and_current(readme)
-    mos = lambda table: next(line for line in table.splitlines() if line.startswith("| `mos` |"))
-    assert name == "heads" and "| -2.2% (3/3) |" in mos(held) and "| -2.2% (2/3) |" in mos(now)
+    assert name == "heads" and "regime_restore_finetune" in mos(held) and "perplexity -8.4% (3/3)" in mos(held)
+    assert "regime_restore_finetune" not in mos(now) and "regime_finetune/" in mos(now), mos(now)
+    assert "perplexity -5.2% (3/3)" in mos(now)
     assert doc_tables.rewrite(readme) == ["heads"]
     text = readme.read_text()
     assert doc_tables.held_and_current(readme)[0][1] == now.strip() and "## Serving" in text and "# hf_outheads" in text
     assert text.replace(mos(now), mos(held)) == (ROOT / "README.md").read_text()
+
+
+def test_a_head_that_never_beats_its_reference_at_every_seed_says_no_gain_measured():
+    from tools.doc_tables import head_table
+
+    mtp = next(line for line in head_table().splitlines() if line.startswith("| `mtp` "))
+    assert "no gain measured (closest: " in mtp and "perplexity +0.0% (1/3)" in mtp
 
 
 FIGURE = re.compile(r"[-+]?\d+(?:[.,]\d+)*(?:%|x)?")
@@ -172,3 +201,94 @@ def test_every_figure_of_the_readmes_performance_summary_is_in_the_results_it_li
     links, missing = figures_not_in_links(performance, ROOT)
     assert links and missing == [] and len(FIGURE.findall(performance)) > 20, (links, missing)
     assert figures_not_in_links(performance.replace("1.05x", "9.87x"), ROOT)[1] == ["9.87x"]  # it catches one
+
+
+def markdown_files() -> list[Path]:
+    return [path for path in tracked_files() if path.suffix == ".md"]
+
+
+def outside_code(text: str) -> str:
+    """`text` without its fenced code blocks (a link or heading there is code)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces as `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    found, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", outside_code(text), flags=re.M):
+        base = slug(heading)
+        found.add(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return found
+
+
+def broken_links(path: Path, text: str) -> list[str]:
+    """The relative links of a Markdown file that lead to no file or folder, or to no heading of it."""
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", outside_code(text)):
+        if re.match(r"[a-z]+:", link) or "{{" in link:  # a URL, or a template's field
+            continue
+        target, _, anchor = link.partition("#")
+        where = (path.parent / target).resolve() if target else path
+        if not where.exists():
+            broken.append(link)
+        elif anchor and where.suffix == ".md" and anchor not in anchors(where.read_text()):
+            broken.append(link)
+    return broken
+
+
+def test_every_relative_link_of_every_markdown_file_resolves(tmp_path):
+    broken = {str(path.relative_to(ROOT)): found for path in markdown_files()
+              if (found := broken_links(path, path.read_text()))}
+    assert broken == {}
+    # what it catches: a missing file, a missing heading; and GitHub's slugs
+    page = tmp_path / "page.md"
+    page.write_text("## Serving: export as a plain model (`mtp`)\n\n## Tests\n\n## Tests\n")
+    text = "[a](page.md#serving-export-as-a-plain-model-mtp) [b](page.md#tests-1) [c](nothing.md) [d](page.md#none)"
+    assert broken_links(tmp_path / "x.md", text) == ["nothing.md", "page.md#none"]
+    assert broken_links(tmp_path / "x.md", "```\n[e](nothing.md)\n```\n[f](https://host/x.md)") == []
+
+
+def table_widths(text: str) -> list[int]:
+    """The number of columns of each Markdown table of `text` (from its separator line)."""
+    return [line.count("|") - 1 for line in outside_code(text).splitlines() if re.fullmatch(r"\|(?: *:?-+:? *\|)+", line)]
+
+
+def test_the_readme_is_short_and_its_tables_narrow():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert table_widths(readme) and max(table_widths(readme)) <= 6, table_widths(readme)
+    assert table_widths("| a | b |\n| --- | --- |\n|x|y|\n\n|a|b|c|\n|---|---|---|\n") == [2, 3]
+
+
+# words about how the project is run, not about the software
+PROCESS_WORDS = re.compile(r"\blease|\bGPU window|\bwindow is \d+ minutes|\bissue #?\d+|\bsession\b|\bqueue filled",
+                           re.I)
+
+
+def pages() -> list[Path]:
+    """The pages a user reads: every README, the docs/ pages and the studies' guide to the heads."""
+    return [path for path in markdown_files() if path.name == "README.md" or path.parts[-2] == "docs"
+            or path == ROOT / "studies" / "results" / "regimes.md"]
+
+
+def test_no_page_speaks_of_how_the_project_is_run():
+    found = {str(path.relative_to(ROOT)): PROCESS_WORDS.findall(path.read_text()) for path in pages()}
+    assert {path: words for path, words in found.items() if words} == {}
+    assert len(pages()) >= 10 and ROOT / "docs" / "heads.md" in pages()
+    said = "a queue filled lease by lease; A lent GPU's window is 15 minutes; since issue 48; this session ran"
+    assert PROCESS_WORDS.findall(said) == ["queue filled", "lease", "lease", "window is 15 minutes", "issue 48",
+                                           "session"]
+
+
+def test_the_readme_names_the_heads_that_return_log_probabilities():
+    from hf_outheads import HEAD_CLASSES
+
+    readme = (ROOT / "README.md").read_text()
+    said = readme.split("**Mixture heads return log-probabilities.**", 1)[1].split("`logits`", 1)[0]
+    named = set(re.findall(r"`(\w+)`", said))
+    assert named == {name for name, cls in HEAD_CLASSES.items() if cls.returns_log_probs}
