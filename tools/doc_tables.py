@@ -13,15 +13,15 @@ The tables (`TABLES`), each named in its begin marker:
     "no gain measured" (`head_summary`), and its run at GPT-2-small size (the regimes' `results.json`);
   - `regime_groups` (studies/README.md): every run of every regime against the best plain head, in
     tables of at most six columns (`REGIME_GROUPS`);
-  - `serving` (docs/heads.md): what `export_plain` writes for each head, on the families
+  - `serving` (hf_outheads/README.md): what `export_plain` writes for each head, on the families
     with and without an output bias (`exact_plain_export`, `plain_export_limit`);
   - `families` (docs/families.md): the transformers families `from_backbone` converts exactly and
     those it refuses, with the reason, and `unbuilt_families` (studies/results/families.md): those the
     sweep could not build here or did not try, with the reason (`studies/results/families.json`, written
     by `python -m studies.family_sweep`).
 A new head gets its rows from its class and, once a regime has run it, its results; a new regime
-is a line of `regimes.REGIMES`; a new transformers release, a rerun of the family sweep. Rerun this
-command after any of them.
+is a line of `regimes.REGIMES` and a place in `REGIME_GROUPS`; a new transformers release, a rerun of
+the family sweep. Rerun this command after any of them.
 """
 
 from __future__ import annotations
