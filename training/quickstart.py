@@ -4,11 +4,12 @@ library's docstrings, with no download, in a few minutes on 2 CPU cores.
     hf-outheads quickstart            # language modelling, then seq2seq
     hf-outheads quickstart --task lm  # only one of them
 
-Each task is a normal train.py run under `accelerate launch` (`by_hand_command`, printed before it
-runs; training/README.md shows it), so what it prints (perplexity, BLEU, a generated sample, where
-the card is) is what that command gives. An earlier quickstart's models are kept unless
-`--overwrite_output_dir true` is given. Every task's options are checked (`train.parse_args`)
-before the first one trains, so a wrong option is one line and exit status 2 with nothing trained.
+Each task is a normal train.py run of one process, trained in this process (`train.train_in_process`),
+so what it prints (perplexity, BLEU, a generated sample, where the card is) is what the command printed
+before it runs gives (`by_hand_command`; training/README.md shows it). An earlier quickstart's models
+are kept unless `--overwrite_output_dir true` is given. Every task's options are checked
+(`train.parse_args`) before the first one trains, so a wrong option is one line and exit status 2
+with nothing trained.
 With no other option the quickstart checks its figures against the stated ones (`EXPECTED`,
 `check_figures`) and ends with status 1 when one is off.
 """
@@ -20,7 +21,6 @@ import dataclasses
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -86,13 +86,6 @@ def by_hand_command(task: str, output_dir: Path, overrides: list[str]) -> list[s
             "--output_dir", str(output_dir), "--resume", "never", *overrides]
 
 
-def launch_command(task: str, output_dir: Path, overrides: list[str]) -> list[str]:
-    """`by_hand_command` with this interpreter's accelerate, the script as a module and absolute paths
-    (any working directory)."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--quiet", *LAUNCH_ARGS, "-m", TRAIN,
-            "--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never", *overrides]
-
-
 def check_figures(task: str, results: dict) -> list[str]:
     """What is off in a quickstart's results against `EXPECTED` and `BEATS_COPY` (empty: as stated)."""
     problems = []
@@ -106,13 +99,13 @@ def check_figures(task: str, results: dict) -> list[str]:
     return problems
 
 
-def check_options(output_dirs: dict, overrides: list[str]) -> None:
-    """Each task's train.py options, checked as train.py checks them (`train.parse_args`: one line
-    and exit status 2 for a wrong one) before any task trains."""
+def task_options(output_dirs: dict, overrides: list[str]) -> dict:
+    """Each task's train.py options, parsed and checked as train.py checks them (`train.parse_args`:
+    one line and exit status 2 for a wrong one) before any task trains."""
     from hf_outheads.training.train import parse_args as train_options
 
-    for task, output_dir in output_dirs.items():
-        train_options(["--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never", *overrides])
+    return {task: train_options(["--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never",
+                                 *overrides]) for task, output_dir in output_dirs.items()}
 
 
 def main(argv=None):
@@ -127,16 +120,16 @@ def main(argv=None):
         if work:
             print(f"=== quickstart {task}: replacing the earlier run in {output_dir} (--overwrite_output_dir true)")
     overrides = [*args.overrides, *(["--overwrite_output_dir", "true"] if args.overwrite_output_dir else [])]
-    check_options(output_dirs, overrides)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    options = task_options(output_dirs, overrides)
+    from hf_outheads.training import train
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the command would: no fork warnings
     off = []
     for task, output_dir in output_dirs.items():
         print(f"\n=== quickstart {task}: {TASKS[task].name} -> {output_dir}\n=== by hand: "
               f"{shlex.join(by_hand_command(task, output_dir, overrides))}", flush=True)
         started = time.perf_counter()
-        done = subprocess.run(launch_command(task, output_dir, overrides), env=env)
-        if done.returncode:  # train.py has printed why
-            raise SystemExit(f"=== quickstart {task} failed (exit status {done.returncode})")
+        train.main(options=options[task], run=train.train_in_process)
         print(f"=== {task} done in {time.perf_counter() - started:.0f} s", flush=True)
         if args.overrides:
             print(f"=== {task}: figures not checked (options given: {shlex.join(args.overrides)})")

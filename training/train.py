@@ -496,11 +496,12 @@ def exit_without_teardown() -> None:
     os._exit(0)
 
 
-def main(argv=None, options: RunOptions | None = None):
-    """Train with `options` (default: parsed from `argv`); a run that cannot go on ends with one message."""
+def main(argv=None, options: RunOptions | None = None, run=training_function):
+    """Train with `options` (default: parsed from `argv`) through `run` (`train_in_process` in a process
+    that trains more than once); a run that cannot go on ends with one message."""
     options = options or parse_args(argv)
     try:
-        training_function(options)
+        run(options)
     except (NonFiniteError, batches.BatchError) as error:  # found while training, said in full: no traceback
         raise refusal(error, status=1) from None
     except (OutputDirInUse, EarlierWork, InputError) as error:
