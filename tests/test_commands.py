@@ -236,7 +236,7 @@ def mtp_run(tmp_path_factory):
 
     from tiny import tiny_model
     from hf_outheads.training.options import RunOptions
-    from hf_outheads.training.train import training_function
+    from hf_outheads.training.run import training_function
 
     root = tmp_path_factory.mktemp("distill")
     AcceleratorState._reset_state(True)

@@ -207,7 +207,7 @@ def test_heads_that_update_periodically_get_their_hook_and_the_others_none():
     import torch
     from accelerate import Accelerator
 
-    from hf_outheads.training.train import periodic_update_hook
+    from hf_outheads.training.run import periodic_update_hook
 
     learners = [name for name, cls in HEAD_CLASSES.items() if cls.updates_periodically]
     assert learners == ["lightrnn"]

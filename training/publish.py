@@ -162,7 +162,7 @@ def usage_code(options, results, auto_class: str, repo_id: str) -> str:
         call = (f"output = model.generate(**inputs, max_new_tokens={options.data.max_target_length}, "
                 f"num_beams={options.training.generation_num_beams}, do_sample=False)")
     return f"""import torch
-import hf_outheads  # registers the outheads model type with the Auto classes
+import hf_outheads.configuration_outheads  # registers the outheads model type with the Auto classes
 from transformers import {auto_class}, AutoTokenizer
 
 model = {auto_class}.from_pretrained("{repo_id}")
