@@ -174,3 +174,7 @@ class OutHeadsConfig(PretrainedConfig):
         output = super().to_dict()
         output.pop(_RESOLVED, None)
         return output
+
+
+if __package__ == PACKAGE:  # the installed package registers; remote code's copy does not (transformers maps it itself)
+    AutoConfig.register(OutHeadsConfig.model_type, OutHeadsConfig, exist_ok=True)

@@ -142,7 +142,7 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
     `save_pretrained` (e.g. `max_shard_size`). A non-empty `path` is refused unless `overwrite`, and
     so is a `path` that is, contains or lies inside the folder the model was loaded from; the export
     is written to a sibling folder and then swapped in whole (`folders.staged_folder`), so `path`
-    never holds files of two models. `repo_id` (default: `path`) is what the card's usage code loads,
+    never holds files of two models. `repo_id` (default: `path`, absolute) is what the card's usage code loads,
     `license` its license (e.g. the trained model's)."""
     sequences = _sequences(texts, input_ids, tokenizer)
     if approximate and not sequences:
@@ -163,6 +163,6 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
         if tokenizer is not None:
             tokenizer.save_pretrained(written)
         result = PlainExport(path, type(plain).__name__, exact, kl)
-        card = build_plain_model_card(model, result, repo_id or path, license=license, tokenizer=tokenizer is not None)
+        card = build_plain_model_card(model, result, repo_id or os.path.abspath(path), license=license, tokenizer=tokenizer is not None)
         card.save(os.path.join(written, "README.md"))
     return result

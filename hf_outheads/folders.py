@@ -20,7 +20,6 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from transformers.dynamic_module_utils import get_relative_import_files
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +166,8 @@ def runtime_code_only(folder, model_class: type, head_classes) -> None:
                        "it. Load the model with hf_outheads installed and that module imported.", name, module, CATALOG)
     kept = [line for line in lines if line not in heads or heads[line] in wanted]
     (folder / CATALOG).write_text("".join(kept), encoding="utf-8")
+    from transformers.dynamic_module_utils import get_relative_import_files  # (here: the commands import this module)
+
     needed = set(ENTRY_FILES)
     for entry in ENTRY_FILES:
         if (folder / entry).is_file():

@@ -64,7 +64,10 @@ def package_tool(name: str, required: bool = True):
 
 @dataclass
 class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
-    """`CausalLMOutputWithPast` plus terms of `loss`: `nll_loss`, the token-mean next-token NLL, and `aux_loss`,
+    """`CausalLMOutputWithPast` whose `logits` are the head's next-token scores or, where the head's class sets
+    `returns_log_probs` (the mixtures `mos` and `doc`, and `lightrnn`), normalised log-probabilities, which
+    `softmax` and `log_softmax` give back unchanged; compare two models' `logits` after `log_softmax`.
+    Plus terms of `loss`: `nll_loss`, the token-mean next-token NLL, and `aux_loss`,
     a head's per-micro-batch training term (DOC's regulariser; None for most heads); `loss` also holds a head's
     further token-mean terms (`mtp`'s future tokens), whose parts `aux_terms` names for logging
     (`{"mtp_nll_1": ...}`; None for most heads)."""
@@ -76,7 +79,7 @@ class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
 
 @dataclass
 class OutHeadsSeq2SeqLMOutput(Seq2SeqLMOutput):
-    """`Seq2SeqLMOutput` plus `nll_loss`, `aux_loss` and `aux_terms` (as `OutHeadsCausalLMOutput`)."""
+    """`Seq2SeqLMOutput` plus `nll_loss`, `aux_loss` and `aux_terms`, its `logits` as `OutHeadsCausalLMOutput`'s."""
 
     nll_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None

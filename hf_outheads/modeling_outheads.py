@@ -365,7 +365,7 @@ OutHeadsForSeq2SeqLM.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 def register_auto_classes() -> None:
     """Register the model classes with `AutoModel`, `AutoModelForCausalLM` and `AutoModelForSeq2SeqLM`
-    (`import hf_outheads` registered the config with `AutoConfig`)."""
+    (`configuration_outheads` registered the config with `AutoConfig` when imported)."""
     AutoModel.register(OutHeadsConfig, (OutHeadsForCausalLM, OutHeadsForSeq2SeqLM), exist_ok=True)
     AutoModelForCausalLM.register(OutHeadsConfig, OutHeadsForCausalLM, exist_ok=True)
     AutoModelForSeq2SeqLM.register(OutHeadsConfig, OutHeadsForSeq2SeqLM, exist_ok=True)

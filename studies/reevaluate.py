@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_outheads.training import train
+from hf_outheads.training import run as training_run, train
 from hf_outheads.training.tracking import RESULTS_FILE
 from studies.comparison_tables import markdown_table, summarise
 
@@ -37,8 +37,8 @@ def reevaluate(run_dir: Path, overrides: list[str], config: Path | None = None) 
                         "--head_options", "{}", "--tokenizer", str(run_dir)]
             options = train.parse_args(["--config", str(config or run_dir / "train_config.yaml"), *as_saved,
                                         "--output_dir", scratch, "--resume", "never", *overrides])
-            run = train.prepare_run(options)
-            results = train.evaluate_all(run.accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
+            run = training_run.prepare_run(options)
+            results = training_run.evaluate_all(run.accelerator, run.model, run.eval_dl, run.gen_dl, run.tokenizer, options)
         saved.write_text(json.dumps({k: results[k] for k in EVALUATED if k in results}, indent=1) + "\n")
     return {**json.loads((run_dir / RESULTS_FILE).read_text()), **json.loads(saved.read_text())}
 

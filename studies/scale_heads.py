@@ -50,7 +50,7 @@ import yaml
 
 from hf_outheads.training.options import RunOptions, head_spec
 from hf_outheads.training.throughput import device_name, peak_tflops
-from hf_outheads.training.train import COMPILE_STEPS
+from hf_outheads.training.run import COMPILE_STEPS
 
 RUNS_FILE = "scale_runs.jsonl"
 RESULTS = Path(__file__).parent / "results" / "scale_gpt2small"  # the committed runs: the queue's state
@@ -155,7 +155,7 @@ def train_run(name: str, seed: int, cfg: dict, corpus: Path, data_files: dict, s
     from hf_outheads.training.preflight import check_run
     from hf_outheads.training.tokenization import load_pretrained_tokenizer
     from hf_outheads.training.tracking import read_metrics
-    from hf_outheads.training.train import train_in_process
+    from hf_outheads.training.run import train_in_process
 
     output_dir = scratch / f"{name}-seed{seed}"
     options = run_options(cfg, name, seed, corpus, data_files, output_dir)

@@ -197,6 +197,7 @@ def test_every_command_refuses_a_bad_command_line_in_one_line_with_status_2(argv
     err = capsys.readouterr().err.strip()
     assert error.value.code == 2, err
     assert len(err.splitlines()) == 1 and re.search(said, err), err
+    assert err.startswith(f"hf-outheads {argv[0]}: error: "), err  # issue 51: named by the command typed
     assert sorted(tmp_path.iterdir()) == before
 
 
@@ -228,6 +229,39 @@ def test_dashed_spellings_are_accepted_and_every_commands_help_shows_the_default
                 re.search(rf"{re.escape(flag)} .*?{re.escape(default)}", text), (name, flag, text[:3000])
 
 
+HELP_EXAMPLES = {  # issue 51: a command's examples, each printed as a line of its own by `--help`
+    "train": "  hf-outheads train --config training/configs/quickstart_lm.yaml [--key value ...]",
+    "export": "    hf-outheads export <trained_dir> <out_dir> --approximate --text-file sample.txt",
+    "quickstart": "    hf-outheads quickstart --task lm  # only one of them",
+    "mtp-distill": "    hf-outheads mtp-distill RUN_DIR --output_dir OUT [--prompts 512 --max_steps 300] [--overwrite]",
+}
+
+
+@needs_install
+def test_every_commands_help_answers_before_torch_is_imported_and_shows_its_examples_as_lines():
+    """Issue 51: `hf-outheads --help` and `hf-outheads <command> --help` parse before torch and
+    transformers are imported (the package's names are imported on first use), and print the
+    command's example command lines as they are written."""
+    from hf_outheads.cli import COMMANDS
+
+    for argv in (["--help"], *([name, "--help"] for name in COMMANDS)):
+        code = (f"import sys\nfrom hf_outheads.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit as done:\n"
+                "    assert not done.code, done.code\nprint([m for m in ('torch', 'transformers') if m in sys.modules])")
+        run = subprocess_runs.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, timeout=120)
+        assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == "[]", (argv, run.stdout[-300:], run.stderr[-2000:])
+        if argv[0] in HELP_EXAMPLES:
+            assert HELP_EXAMPLES[argv[0]] in run.stdout.splitlines(), (argv, run.stdout[:1500])
+
+
+def test_the_scheduler_choices_are_transformers_ones():
+    """`lr_scheduler_type`'s choices are written out (importing `SchedulerType` imports torch): they agree."""
+    from transformers import SchedulerType
+
+    from hf_outheads.training.options import SCHEDULER_TYPES
+
+    assert SCHEDULER_TYPES == tuple(kind.value for kind in SchedulerType)
+
+
 @pytest.fixture(scope="module")
 def mtp_run(tmp_path_factory):
     """A tiny `mtp` run that train.py wrote (in process), and a folder of a `tied` model with a
@@ -236,7 +270,7 @@ def mtp_run(tmp_path_factory):
 
     from tiny import tiny_model
     from hf_outheads.training.options import RunOptions
-    from hf_outheads.training.train import training_function
+    from hf_outheads.training.run import training_function
 
     root = tmp_path_factory.mktemp("distill")
     AcceleratorState._reset_state(True)

@@ -19,7 +19,7 @@ from hf_outheads import get_head_class, losses
 from head_cases import HEAD_CASES
 from tiny import batch, tiny_model
 from hf_outheads.training.options import RunOptions
-from hf_outheads.training.train import training_function
+from hf_outheads.training.run import training_function
 
 
 def options(head: str) -> dict:

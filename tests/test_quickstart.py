@@ -85,6 +85,23 @@ def test_the_quickstart_checks_its_figures_against_the_stated_ones():
                           f"{stated['eval_chrf'] + 0.01:.2f}"]
 
 
+def test_the_quickstart_prints_each_figure_beside_the_stated_value_and_tolerance():
+    """Issue 51: one line per stated figure, with the stated value and tolerance, also when not checked."""
+    from hf_outheads.training.quickstart import EXPECTED, figure_lines
+
+    (ppl, ppl_tolerance), (bleu, bleu_tolerance) = EXPECTED["lm"]["eval_perplexity"], EXPECTED["seq2seq"]["eval_sacrebleu"]
+    assert figure_lines("lm", {"eval_perplexity": ppl + 0.5}) == [
+        f"perplexity {ppl + 0.5:.2f} (stated {ppl} +- {ppl_tolerance}): as stated"]
+    seq2seq = {"eval_sacrebleu": bleu - bleu_tolerance - 1, "eval_chrf": EXPECTED["seq2seq"]["eval_chrf"][0],
+               "eval_copy_sacrebleu": 53.07, "eval_copy_chrf": 84.35}
+    lines = figure_lines("seq2seq", seq2seq)
+    assert lines[0] == f"BLEU {bleu - bleu_tolerance - 1:.2f} (stated {bleu} +- {bleu_tolerance}): OFF"
+    assert lines[1].startswith("chrF ") and lines[1].endswith(": as stated") and len(lines) == 4
+    assert lines[2] == f"BLEU {seq2seq['eval_sacrebleu']:.2f} (stated: above the copied source's 53.07): as stated"
+    assert all(line.endswith(": not checked (options given: --max_steps 9)")
+               for line in figure_lines("seq2seq", seq2seq, "options given: --max_steps 9"))
+
+
 def test_the_readmes_state_the_figures_and_tolerances_the_quickstart_checks():
     from hf_outheads.training.quickstart import EXPECTED
 

@@ -22,7 +22,7 @@ from accelerate.state import AcceleratorState, GradientState
 
 import subprocess_runs
 from hf_outheads.training.options import RunOptions, parse_options
-from hf_outheads.training.train import training_function
+from hf_outheads.training.run import training_function
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART_LM = ROOT / "training" / "configs" / "quickstart_lm.yaml"
@@ -345,7 +345,7 @@ def run_snippet(code: str, cwd) -> str:
 def test_every_cards_usage_snippet_runs(trained, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    import hf_outheads  # noqa: F401
+    import hf_outheads.configuration_outheads  # noqa: F401  (registers the Auto classes)
 
     out, results = trained
     # the training card: generates the card's sample again

@@ -109,7 +109,7 @@ def test_a_finished_run_is_reused_and_a_changed_config_retrains(tmp_path, monkey
 def test_head_learning_rate_applies_to_the_head_parameters_only():
     from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
     from tiny import tiny_config
-    from hf_outheads.training.train import make_optimizer
+    from hf_outheads.training.run import make_optimizer
 
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="bilinear"))
     options = parse_options(["--learning_rate", "1e-3", "--head_learning_rate", "1e-4"])

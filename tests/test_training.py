@@ -15,7 +15,7 @@ import yaml
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
-import hf_outheads  # noqa: F401  (registers the Auto classes)
+import hf_outheads.configuration_outheads  # noqa: F401  (registers the Auto classes)
 from subprocess_runs import run
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 

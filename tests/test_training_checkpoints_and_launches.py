@@ -24,7 +24,7 @@ from hf_outheads.training.evaluation import evaluate_perplexity
 from hf_outheads.training.launching import has_accelerator
 from hf_outheads.training.loop import NonFiniteWatch, window_step
 from hf_outheads.training.options import RunOptions, parse_options
-from hf_outheads.training.train import training_function
+from hf_outheads.training.run import training_function
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},

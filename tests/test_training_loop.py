@@ -16,6 +16,7 @@ from accelerate.state import AcceleratorState, GradientState
 from torch.overrides import TorchFunctionMode
 
 from hf_outheads.training import loop, modeling, train
+from hf_outheads.training import run as training_run
 from hf_outheads.training.options import RunOptions
 from hf_outheads.training.tokenization import train_tokenizer
 from hf_outheads.training.tracking import read_metrics
@@ -37,7 +38,7 @@ def argv(values: dict) -> list[str]:
 def run(output_dir, callbacks=(), **overrides):
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    return train.training_function(RunOptions.from_flat({**TINY, "output_dir": str(output_dir), **overrides}), callbacks)
+    return training_run.training_function(RunOptions.from_flat({**TINY, "output_dir": str(output_dir), **overrides}), callbacks)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,7 @@ def test_the_eager_training_step_reads_nothing_from_the_device_between_logging_s
     the only ones. The batches, collated in this process here, are checked without a tensor read, and packed blocks
     come without an attention mask, which transformers would check for padding at every forward."""
     host = HostReads()
-    window_step, train_loop = loop.window_step, train.train_loop
+    window_step, train_loop = loop.window_step, training_run.train_loop
 
     def counted_step(*args, **kwargs):
         host.step, host.in_step = host.step + 1, True
@@ -170,7 +171,7 @@ def test_the_eager_training_step_reads_nothing_from_the_device_between_logging_s
             return train_loop(*args, **kwargs)
 
     monkeypatch.setattr(loop, "window_step", counted_step)
-    monkeypatch.setattr(train, "train_loop", counted_loop)
+    monkeypatch.setattr(training_run, "train_loop", counted_loop)
     run(tmp_path / "out", max_grad_norm=1.0, gradient_accumulation_steps=2)
     assert host.step == TINY["max_steps"]
     assert [read for read in host.reads if read[1]] == []  # inside a step: nothing
@@ -285,4 +286,4 @@ def test_batches_are_collated_by_workers_on_a_gpu_by_default(device, given, work
 
     options = RunOptions.from_flat({"dataloader_num_workers": given})
     cores = len(os.sched_getaffinity(0))
-    assert train.dataloader_workers(options, torch.device(device)) == (min(4, cores) if workers is None else workers)
+    assert training_run.dataloader_workers(options, torch.device(device)) == (min(4, cores) if workers is None else workers)

@@ -195,7 +195,7 @@ def test_push_to_hub_uploads_the_card_after_the_model(tmp_path, monkeypatch):
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: SimpleNamespace(repo_id=repo_id))
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
     monkeypatch.setenv("HF_TOKEN", "hf_fake_token_for_offline_test")
-    push_to_hub(model, tokenizer, tmp_path, "someone/tiny", private=False)
+    push_to_hub(model, tokenizer, tmp_path, "someone/tiny")
     uploaded = [name for files in commits for name in files]
     assert "model.safetensors" in uploaded and "tokenizer.json" in uploaded
     last_readme = max(i for i, files in enumerate(commits) if "README.md" in files)
@@ -203,11 +203,44 @@ def test_push_to_hub_uploads_the_card_after_the_model(tmp_path, monkeypatch):
     assert last_readme > max(i for i, files in enumerate(commits) if "model.safetensors" in files)
 
 
+def test_the_cards_usage_code_loads_the_absolute_folder_or_the_pushed_repository(tmp_path, monkeypatch):
+    """Issue 51: a run's card loads its folder by absolute path (`--output_dir run` given relative would be
+    taken for a Hub id from any other folder) or, pushed without `hub_model_id`, the repository the Hub
+    made: the folder's name in the user's namespace."""
+    from hf_outheads.training.publish import finish_run
+
+    model, tokenizer = tiny_model(tmp_path)
+    results = {"eval_perplexity": 9.0, "eval_loss": 2.2, "parameters": 10, "head_parameters": 2, "eval_examples": 3,
+               "eval_tokens": 30, "sample": "Return the", "sample_prompt": "Return the"}
+    monkeypatch.chdir(tmp_path)
+    finish_run(model, tokenizer, options(model_preset="gpt2-tiny", head_type="bilinear", output_dir="run"), results)
+    assert f'from_pretrained("{tmp_path.resolve() / "run"}")' in (tmp_path / "run" / "README.md").read_text()
+
+    commits, made = [], []
+
+    def create_commit(self, repo_id, operations, commit_message=None, **kwargs):
+        commits.append({op.path_in_repo: Path(op.path_or_fileobj).read_bytes() for op in operations
+                        if isinstance(op, CommitOperationAdd) and isinstance(op.path_or_fileobj, (str, Path))})
+        return SimpleNamespace(oid="0" * 40, commit_url="", pr_url=None, repo_url=SimpleNamespace(repo_id=repo_id))
+
+    def create_repo(self, repo_id, **kwargs):  # as the Hub does: a bare name goes to the user's namespace
+        made.append(repo_id)
+        return SimpleNamespace(repo_id=repo_id if "/" in repo_id else f"someone/{repo_id}")
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token_for_offline_test")
+    finish_run(model, tokenizer, options(model_preset="gpt2-tiny", head_type="bilinear", output_dir="pushed",
+                                         push_to_hub=True), results)
+    card = [files["README.md"] for files in commits if "README.md" in files][-1].decode()
+    assert made[0] == "pushed" and 'from_pretrained("someone/pushed")' in card and str(tmp_path) not in card
+
+
 def test_heads_that_update_periodically_get_their_hook_and_the_others_none():
     import torch
     from accelerate import Accelerator
 
-    from hf_outheads.training.train import periodic_update_hook
+    from hf_outheads.training.run import periodic_update_hook
 
     learners = [name for name, cls in HEAD_CLASSES.items() if cls.updates_periodically]
     assert learners == ["lightrnn"]

@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import re
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -37,6 +38,13 @@ def refuse(message) -> Refusal:
     line = " ".join(str(message).split("\n"))
     print(line, file=sys.stderr, flush=True)
     return Refusal(line)
+
+
+def program(script: str) -> str:
+    """The name of the running command, for its usage and error lines: `hf-outheads <command>` under
+    the installed command (`hf_outheads.cli` names it in `sys.argv[0]`, as argparse reads it), else
+    the script's file name (`train.py`), as argparse names a script run by path or with `-m`."""
+    return sys.argv[0] if sys.argv[0].startswith("hf-outheads ") else Path(script).name
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -20,13 +20,10 @@ import os
 import re
 from pathlib import Path
 
-from transformers import AutoConfig
-
-import hf_outheads
+import hf_outheads  # its names are imported when first used: `--help` answers without torch
 from hf_outheads.folders import TargetIsSource, writable_target
 
 from hf_outheads.training.command_line import CommandParser, refuse
-from hf_outheads.training.tokenization import load_saved_tokenizer
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # the Hub's namespace/name
 
@@ -40,6 +37,10 @@ def looks_local(name: str) -> bool:
 
 def load_config(trained_dir: str):
     """The model's config from a folder, or from the Hub for a repo id; anything else is one line."""
+    from transformers import AutoConfig  # (after the parse: it imports torch)
+
+    import hf_outheads.configuration_outheads  # noqa: F401  (registers the outheads config: its folders load)
+
     if not Path(trained_dir).exists() and looks_local(trained_dir):
         raise refuse(f"Not exported: the folder {trained_dir} does not exist.")
     try:
@@ -54,6 +55,8 @@ def load_config(trained_dir: str):
 
 def load(trained_dir: str):
     """(model, tokenizer or None) from an hf_outheads folder, in eval mode."""
+    from hf_outheads.training.tokenization import load_saved_tokenizer
+
     config = load_config(trained_dir)
     if not isinstance(config, hf_outheads.OutHeadsConfig):
         raise refuse(f"Not exported: {trained_dir} holds a '{config.model_type}' model, not an hf_outheads one: "

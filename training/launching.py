@@ -19,6 +19,8 @@ import os
 import re
 import warnings
 
+from hf_outheads.training.command_line import program, refuse
+
 LAUNCH_HELP = ("On a CPU-only machine start several processes with "
                "`accelerate launch --multi_gpu --num_processes N training/train.py ...` (see training/README.md).")
 
@@ -27,6 +29,18 @@ def first_process() -> bool:
     """True in the launch's first process (RANK 0, or a run without launcher): the one that says why a
     run stops, so that a launch of N processes says it once."""
     return os.environ.get("RANK", "0") == "0"
+
+
+def refusal(error, status: int = 2) -> SystemExit:
+    """The exit of a run that cannot go on, which every process of a launch meets alike: one line on
+    stderr from the launch's first process, so a launch of N processes says it once, with status 2
+    (`command_line.refuse`: nothing was done) or, for a run that failed while training, 1. The
+    others end silently with status 0: torchrun ends every worker at the first failure, and a
+    failing peer could end the first process before it has said why; the launch fails with it."""
+    if not first_process():
+        return SystemExit(0)
+    message = f"{program('train.py')}: error: {error}"
+    return refuse(message) if status == 2 else SystemExit(message)
 
 
 def has_accelerator() -> bool:

@@ -15,7 +15,7 @@ validation split, on which `studies/mtp_speed.py` measures); each gets `--new_to
 and the predictors train on the continuations (the prompt's positions and anything after an
 end-of-sequence token carry no label).
 
-This module is a data recipe: the training is `training/train.py`'s (`train.train_in_process`), on the
+This module is a data recipe: the training is `training/run.py`'s (`run.train_in_process`), on the
 examples as a pre-tokenised dataset (`input_ids`, `labels`), starting from RUN_DIR's model with its
 head kept (`head_type: null`), only `head.predictors` trainable (`trainable_modules`), every dropout
 off (`disable_dropout`) and a cosine schedule with 10% warm-up. OUT receives what a train.py run
@@ -33,12 +33,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from hf_outheads import IGNORE_INDEX
+import hf_outheads  # its names are imported when first used: `--help` answers without torch
 from hf_outheads.head_options import DeclaredOptions, integer, number
 
-from hf_outheads.training.command_line import CommandParser, add_declared, declared_values, refuse
+from hf_outheads.training.command_line import CommandParser, add_declared, declared_values, program, refuse
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ def parse_args(argv=None):
     try:
         args.options = DistillOptions(**declared_values(DistillOptions, vars(args)))
     except ValueError as error:
-        raise refuse(f"mtp_distill.py: error: {error}") from None
+        raise refuse(f"{program(__file__)}: error: {error}") from None
     return args
 
 
@@ -79,12 +77,14 @@ def require_mtp(config) -> None:
                          f"{head!r}. Train with --head_type mtp first.")
 
 
-@torch.no_grad()
 def greedy_examples(model, prompts: torch.Tensor, new_tokens: int, batch_size: int, pad_token_id: int,
                     eos_token_id: int | None) -> dict[str, torch.Tensor]:
     """`input_ids` (the prompts, `(n, p)`, and their greedy continuations; pad tokens after an end of
     sequence) and `labels` (the continuations' tokens; -100 on the prompts and after the first end of
-    sequence), `(n, p + new_tokens)` each."""
+    sequence), `(n, p + new_tokens)` each (no gradients: `generate` computes none)."""
+    import torch
+
+    IGNORE_INDEX = hf_outheads.IGNORE_INDEX
     model.eval()
     rows = []
     for batch in prompts.split(batch_size):  # prompts of one length: no padding, so batched greedy is greedy
@@ -104,6 +104,8 @@ def greedy_examples(model, prompts: torch.Tensor, new_tokens: int, batch_size: i
 def predictor_losses(model, examples: dict[str, torch.Tensor], batch_size: int) -> dict[str, float]:
     """Each depth's mean future-token loss over `examples` (`aux_terms`, `mtp_nll_k`; labels give them in
     evaluation too), averaged over batches."""
+    import torch
+
     model.eval()
     totals, batches = {}, 0
     with torch.no_grad():
@@ -139,7 +141,7 @@ def distill(run, examples: dict[str, torch.Tensor], output_dir, settings: Distil
     from transformers import AutoModelForCausalLM
 
     from hf_outheads.training.preflight import check_run
-    from hf_outheads.training.train import train_in_process
+    from hf_outheads.training.run import train_in_process
 
     model = AutoModelForCausalLM.from_pretrained(run)
     require_mtp(model.config)
@@ -170,6 +172,8 @@ def leading_tokens(texts, tokenizer, count: int, length: int) -> list[list[int]]
 
 def training_prompts(options, tokenizer, count: int, length: int) -> torch.Tensor:
     """`(count, length)` token ids: the first `length` tokens of the run's training texts that have as many."""
+    import torch
+
     from hf_outheads.training import data as data_lib
 
     train, _ = data_lib.select_splits(data_lib.load_raw(options), options)
@@ -184,7 +188,7 @@ def run_options(run: Path):
     model: a ValueError saying why not, before anything is loaded or generated."""
     from transformers import AutoConfig
 
-    import hf_outheads  # noqa: F401  (registers the Auto classes: no remote code runs)
+    import hf_outheads.configuration_outheads  # noqa: F401  (registers the Auto classes: no remote code runs)
 
     from hf_outheads.training.options import CONFIG_FILE, parse_options
 
@@ -199,6 +203,8 @@ def run_options(run: Path):
 
 
 def main(argv=None):
+    args = parse_args(argv)
+    import torch  # (after the parse: `--help` and a wrong option answer without torch)
     from transformers import AutoModelForCausalLM
 
     from hf_outheads.folders import staged_folder, writable_target
@@ -206,7 +212,6 @@ def main(argv=None):
     from hf_outheads.training.preflight import run_sources
     from hf_outheads.training.tokenization import load_saved_tokenizer
 
-    args = parse_args(argv)
     settings = args.options
     run, target = Path(args.run), dict(overwrite=args.overwrite, overwrite_hint="pass --overwrite")
     try:  # everything refused before anything is generated or written
@@ -218,7 +223,7 @@ def main(argv=None):
             raise ValueError(f"{run} holds no tokenizer: give a model folder that `hf-outheads train` wrote.")
         prompts = training_prompts(options, tokenizer, settings.prompts, settings.prompt_tokens)
     except (ValueError, OSError) as error:  # (TargetIsSource is a ValueError; a data file not found an OSError)
-        raise refuse(f"mtp_distill.py: error: {error}") from None
+        raise refuse(f"{program(__file__)}: error: {error}") from None
     torch.manual_seed(settings.seed)
     model = AutoModelForCausalLM.from_pretrained(run)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -228,7 +233,7 @@ def main(argv=None):
         try:
             result = distill(run, examples, written, settings)
         except ValueError as error:  # what stops train.py's run: its input, a bad batch, a non-finite loss
-            raise refuse(f"mtp_distill.py: error: {error}") from None
+            raise refuse(f"{program(__file__)}: error: {error}") from None
         result = {"run": str(run), "overwrite": args.overwrite, **dataclasses.asdict(settings), **result}
         (written / "distill.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))

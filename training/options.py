@@ -23,16 +23,19 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import SchedulerType
-
-from hf_outheads import HEAD_CLASSES, HeadOptions, get_head_class
-from hf_outheads.head_options import (DeclaredOptions, choice, flag, integer, listing, mapping, number, probability,
-                                      text)
+import hf_outheads  # its heads are imported when first used: building the parser needs no torch
+from hf_outheads.head_options import (DeclaredOptions, HeadOptions, choice, flag, integer, listing, mapping, number,
+                                      probability, text)
 
 from hf_outheads.training.command_line import CommandParser, add_declared, declared_values, yaml_value
 
 CONFIG_FILE = "train_config.yaml"  # a run's options, saved beside its model (`saved_options`)
 BYTE_ALPHABET = 256 + 4  # a byte-level BPE holds every byte plus <pad> <s> </s> <unk>
+# transformers' `SchedulerType` values, written out because importing it imports torch, which `--help` does not
+# need (tests/test_commands.py checks that they agree)
+SCHEDULER_TYPES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                   "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr",
+                   "warmup_stable_decay", "greedy")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class HeadSpec:
     def spelt_out(self) -> dict:
         """Every option: the given ones, and the head's current defaults (None where a default is
         decided when the model is built) for the others."""
-        return dataclasses.asdict(self.options or get_head_class(self.head_type).Options())
+        return dataclasses.asdict(self.options or hf_outheads.get_head_class(self.head_type).Options())
 
 
 def head_spec(name: str, head_options_by_head: dict, head_options: dict | None = None) -> HeadSpec:
@@ -65,7 +68,7 @@ def head_spec(name: str, head_options_by_head: dict, head_options: dict | None =
     entry = dict(entry)
     head_type, given = entry.pop("head_type", name), {**entry, **(head_options or {})}
     try:
-        options_class = get_head_class(head_type).Options
+        options_class = hf_outheads.get_head_class(head_type).Options
     except ValueError as error:
         hint = " A variant (a key of head_options_by_head) names its head with `head_type`." \
             if name == head_type and name in head_options_by_head else ""
@@ -121,7 +124,7 @@ class ModelOptions(DeclaredOptions):
         if name is None and self.head_type is None:
             if not self.pretrained:
                 raise ValueError("Option head_type: null (keep the pretrained head) needs pretrained; "
-                                 f"choose one of {sorted(HEAD_CLASSES)}.")
+                                 f"choose one of {sorted(hf_outheads.HEAD_CLASSES)}.")
             if self.head_options:
                 raise ValueError(f"Option head_options={self.head_options!r} needs a head_type: with head_type: null "
                                  "the pretrained model keeps its head as it is.")
@@ -187,7 +190,7 @@ class TrainingOptions(DeclaredOptions):
     weight_decay: float = number(0.01, 0.0, help="AdamW weight decay (not applied to biases and norms).")
     adam_beta1: float = probability(0.9, help="AdamW beta1.")
     adam_beta2: float = probability(0.999, help="AdamW beta2.")
-    lr_scheduler_type: str = choice("linear", tuple(kind.value for kind in SchedulerType), help=(
+    lr_scheduler_type: str = choice("linear", SCHEDULER_TYPES, help=(
         "Schedule after warmup (transformers.get_scheduler)."))
     lr_scheduler_kwargs: dict = mapping(dict, help=(
         "Further arguments of the schedule, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr (transformers.get_scheduler's "

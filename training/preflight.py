@@ -66,8 +66,8 @@ def check_output_dir(options) -> None:
 
 def planned_text_config(options):
     """The backbone config the run builds, without the tokenizer's sizes and ids: a preset's, or
-    the pretrained model's (a folder, an hf_outheads one too: `import hf_outheads` registered it
-    through `.modeling`; or a Hub id, its config fetched now, so that a wrong one is refused now)."""
+    the pretrained model's (a folder, an hf_outheads one too: `.modeling` imports the config, which
+    registers itself; or a Hub id, its config fetched now, so that a wrong one is refused now)."""
     if options.model.model_preset:
         config = AutoConfig.for_model(PRESETS[options.model.model_preset][0], **PRESETS[options.model.model_preset][1])
     else:

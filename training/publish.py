@@ -122,10 +122,11 @@ def run_sections(model, tokenizer, options, results, output_dir: Path, data_pros
     return sections
 
 
-def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCard:
+def render_card(model, tokenizer, options, results, output_dir: Path, repo_id: str | None = None) -> ModelCard:
     """The model card of `hf_outheads.model_card.build_model_card` (its tags and `base_model`
     rule: never a local path) with the run's sections, the results as its model-index, and
-    usage code that generates the card's sample again; no network (no validate())."""
+    usage code that generates the card's sample again, loading `repo_id` (the Hub repository the run is
+    pushed to; default: output_dir's absolute path); no network (no validate())."""
     dataset_type, data_prose = dataset_description(options)
     data, training = options.data, options.training
     auto_class = "AutoModelForCausalLM" if options.model.task == "causal_lm" else "AutoModelForSeq2SeqLM"
@@ -137,7 +138,7 @@ def render_card(model, tokenizer, options, results, output_dir: Path) -> ModelCa
                    metric_type=metric_type, metric_name=name, metric_value=round(float(results[key]), 4))
         for key, (metric_type, name) in CARD_METRICS.items() if key in results
     ]
-    repo_id = training.hub_model_id or str(output_dir)
+    repo_id = repo_id or str(output_dir.resolve())  # a path works from any folder; as given it would be a Hub id
     return build_model_card(
         model, repo_id, usage=usage_code(options, results, auto_class, repo_id),
         sections=run_sections(model, tokenizer, options, results, output_dir, data_prose),
@@ -162,7 +163,7 @@ def usage_code(options, results, auto_class: str, repo_id: str) -> str:
         call = (f"output = model.generate(**inputs, max_new_tokens={options.data.max_target_length}, "
                 f"num_beams={options.training.generation_num_beams}, do_sample=False)")
     return f"""import torch
-import hf_outheads  # registers the outheads model type with the Auto classes
+import hf_outheads.configuration_outheads  # registers the outheads model type with the Auto classes
 from transformers import {auto_class}, AutoTokenizer
 
 model = {auto_class}.from_pretrained("{repo_id}")
@@ -172,11 +173,19 @@ inputs = tokenizer({text}, return_tensors="pt", add_special_tokens=False)
 print(tokenizer.decode(output[0], skip_special_tokens=True))"""
 
 
-def push_to_hub(model, tokenizer, output_dir: Path, repo_id: str, private: bool) -> str:
+def hub_repo(training) -> str:
+    """The Hub repository a run is pushed to, made now (kept when it exists): `hub_model_id`, or the
+    output folder's name in the user's namespace; its id as the Hub gives it back (`namespace/name`),
+    which the card's usage code loads."""
+    name = training.hub_model_id or Path(training.output_dir).resolve().name
+    return HfApi().create_repo(name, private=training.hub_private, exist_ok=True).repo_id
+
+
+def push_to_hub(model, tokenizer, output_dir: Path, repo_id: str) -> str:
     """Model and tokenizer first (model.push_to_hub writes its own README.md), then the
-    plot, the results and, last, our model card over that README."""
+    plot, the results and, last, our model card over that README, to the repository `repo_id`
+    (`hub_repo`)."""
     api = HfApi()
-    api.create_repo(repo_id, private=private, exist_ok=True)
     model.push_to_hub(repo_id, commit_message="Upload model")
     tokenizer.push_to_hub(repo_id, commit_message="Upload tokenizer")
     for name in (CURVE_FILE, RESULTS_FILE, "README.md"):
@@ -195,13 +204,13 @@ def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
     (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
     (output_dir / CONFIG_FILE).write_text(yaml.safe_dump(saved_options(options), sort_keys=False))
     plot_training_curve(output_dir)
-    card = render_card(model, tokenizer, options, results, output_dir)
+    repo_id = hub_repo(options.training) if options.training.push_to_hub else None
+    card = render_card(model, tokenizer, options, results, output_dir, repo_id)
     card.save(output_dir / "README.md")
     print(summary(options, results, output_dir))
-    if options.training.push_to_hub:
-        training = options.training
-        repo = push_to_hub(model, tokenizer, output_dir, training.hub_model_id or output_dir.name, training.hub_private)
-        print(f"Pushed to https://huggingface.co/{repo}")
+    if repo_id:
+        push_to_hub(model, tokenizer, output_dir, repo_id)
+        print(f"Pushed to https://huggingface.co/{repo_id}")
     return output_dir / "README.md"
 
 

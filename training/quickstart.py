@@ -4,7 +4,7 @@ library's docstrings, with no download, in a few minutes on 2 CPU cores.
     hf-outheads quickstart            # language modelling, then seq2seq
     hf-outheads quickstart --task lm  # only one of them
 
-Each task is a normal train.py run of one process, trained in this process (`train.train_in_process`),
+Each task is a normal train.py run of one process, trained in this process (`run.train_in_process`),
 so what it prints (perplexity, BLEU, a generated sample, where the card is) is what the command printed
 before it runs gives (`by_hand_command`; training/README.md shows it). An earlier quickstart's models
 are kept unless `--overwrite_output_dir true` is given. Every task's options are checked
@@ -99,6 +99,24 @@ def check_figures(task: str, results: dict) -> list[str]:
     return problems
 
 
+FIGURE_NAMES = {"eval_perplexity": "perplexity", "eval_sacrebleu": "BLEU", "eval_chrf": "chrF"}
+
+
+def figure_lines(task: str, results: dict, not_checked: str | None = None) -> list[str]:
+    """One line per figure the quickstart states (`EXPECTED`, `BEATS_COPY`): the run's value beside the
+    stated one and its tolerance, then `as stated`, `OFF`, or `not checked (<not_checked>)`."""
+    def verdict(off: bool) -> str:
+        return f"not checked ({not_checked})" if not_checked else "OFF" if off else "as stated"
+
+    lines = [f"{FIGURE_NAMES[key]} {results[key]:.2f} (stated {stated} +- {tolerance}): "
+             f"{verdict(abs(results[key] - stated) > tolerance)}" for key, (stated, tolerance) in EXPECTED[task].items()]
+    for key in BEATS_COPY.get(task, ()):
+        copied = results[key.replace("eval_", "eval_copy_")]
+        lines.append(f"{FIGURE_NAMES[key]} {results[key]:.2f} (stated: above the copied source's {copied:.2f}): "
+                     f"{verdict(results[key] <= copied)}")
+    return lines
+
+
 def task_options(output_dirs: dict, overrides: list[str]) -> dict:
     """Each task's train.py options, parsed and checked as train.py checks them (`train.parse_args`:
     one line and exit status 2 for a wrong one) before any task trains."""
@@ -129,18 +147,23 @@ def main(argv=None):
         print(f"\n=== quickstart {task}: {TASKS[task].name} -> {output_dir}\n=== by hand: "
               f"{shlex.join(by_hand_command(task, output_dir, overrides))}", flush=True)
         started = time.perf_counter()
-        train.main(options=options[task], run=train.train_in_process)
+        train.main(options=options[task], in_process=True)
         print(f"=== {task} done in {time.perf_counter() - started:.0f} s", flush=True)
+        saved = output_dir / "eval_results.json"
+        if not saved.is_file():  # a run told to stop early (stop_after_steps) has evaluated nothing
+            print(f"=== {task}: figures not checked: the run wrote no {saved.name}", flush=True)
+            continue
+        results, not_checked = json.loads(saved.read_text()), None
         if args.overrides:
-            print(f"=== {task}: figures not checked (options given: {shlex.join(args.overrides)})")
+            not_checked = f"options given: {shlex.join(args.overrides)}"
         elif sys.version_info[:2] != EXPECTED_PYTHON:
-            print(f"=== {task}: figures not checked: they are stated for Python {'.'.join(map(str, EXPECTED_PYTHON))}, "
-                  f"and this Python's standard library is another corpus")
+            not_checked = (f"stated for Python {'.'.join(map(str, EXPECTED_PYTHON))}, whose standard library is the "
+                           "corpus")
         else:
-            problems = check_figures(task, json.loads((output_dir / "eval_results.json").read_text()))
-            off += [f"{task}: {problem}" for problem in problems]
-            print(f"=== {task}: figures {'OFF: ' + '; '.join(problems) if problems else 'as stated'} "
-                  f"(training/README.md, \"What the quickstart shows\")", flush=True)
+            off += [f"{task}: {problem}" for problem in check_figures(task, results)]
+        print(f"=== {task}: figures (training/README.md, \"What the quickstart shows\"):", flush=True)
+        for line in figure_lines(task, results, not_checked):
+            print(f"===   {line}", flush=True)
     if off:
         raise SystemExit(f"=== quickstart: figures off the stated ones: {'; '.join(off)}")
 
