@@ -32,8 +32,8 @@ def import_model_classes() -> None:
     """Import the installed package's model classes (`modeling_outheads`, which registers them with
     the Auto model classes when imported) when a config is first built: every
     `Auto*.from_pretrained` / `from_config` of this model type builds its config first, so
-    `import hf_outheads` (which registers only this config, importing no modelling code) is all
-    those calls need."""
+    importing this module (which registers only this config, importing no modelling code) is
+    all those calls need."""
     if __package__ == PACKAGE:  # remote code's copy (another package) imports nothing: transformers loads it
         from . import modeling_outheads  # noqa: F401  (upward, at call time: `import hf_outheads` stays light)
 
