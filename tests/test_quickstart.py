@@ -52,19 +52,19 @@ def test_the_quickstart_keeps_an_earlier_run_unless_told_to_replace_it(tmp_path)
     assert run.returncode == 2 and "Unknown head type 'softmaxx'" in run.stderr and (earlier / "config.json").exists()
 
 
-def test_the_quickstart_launches_train_py_told_to_replace_the_earlier_run(tmp_path, monkeypatch, capsys):
-    """Its options right, the quickstart launches train.py with --overwrite_output_dir true (by hand too)."""
-    from hf_outheads.training import quickstart
+def test_the_quickstart_trains_told_to_replace_the_earlier_run(tmp_path, monkeypatch, capsys):
+    """Its options right, the quickstart trains (in its process) with --overwrite_output_dir true (by hand too)."""
+    from hf_outheads.training import quickstart, train
 
     (tmp_path / "quickstart_seq2seq").mkdir()
     (tmp_path / "quickstart_seq2seq" / "config.json").write_text("{}")
-    launched = []
-    monkeypatch.setattr(quickstart.subprocess, "run", lambda command, **kwargs: launched.append(command) or
-                        subprocess.CompletedProcess(command, 0))
+    trained = []
+    monkeypatch.setattr(train, "main", lambda options, in_process: trained.append((options, in_process)))
     quickstart.main(["--task", "seq2seq", "--output_root", str(tmp_path), "--overwrite_output_dir", "true",
                      "--max_steps", "1"])
-    [command] = launched
-    assert command[-4:] == ["--max_steps", "1", "--overwrite_output_dir", "true"]
+    [(options, in_process)] = trained
+    assert in_process and options.training.max_steps == 1 and options.training.overwrite_output_dir
+    assert options.training.output_dir == str(tmp_path / "quickstart_seq2seq")
     assert "--overwrite_output_dir true" in capsys.readouterr().out.split("=== by hand:")[1].splitlines()[0]
 
 
