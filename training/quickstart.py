@@ -4,8 +4,8 @@ library's docstrings, with no download, in a few minutes on 2 CPU cores.
     hf-outheads quickstart            # language modelling, then seq2seq
     hf-outheads quickstart --task lm  # only one of them
 
-Each task is a normal train.py run of one process, trained in this process (`run.train_in_process`),
-so what it prints (perplexity, BLEU, a generated sample, where the card is) is what the command printed
+Each task is a normal `hf-outheads train` run, trained in this process (`run.train_in_process`), so
+what it prints (perplexity, BLEU, a generated sample, where the card is) is what the command printed
 before it runs gives (`by_hand_command`; training/README.md shows it). An earlier quickstart's models
 are kept unless `--overwrite_output_dir true` is given. Every task's options are checked
 (`train.parse_args`) before the first one trains, so a wrong option is one line and exit status 2
@@ -31,9 +31,7 @@ from hf_outheads.training.command_line import CommandParser, add_declared, decla
 from hf_outheads.training.safeguards import earlier_work
 
 HERE = Path(__file__).resolve().parent  # training/ in a checkout, hf_outheads/training installed
-CHECKOUT = (HERE.parent / "hf_outheads" / "__init__.py").is_file()  # this folder is a repository's training/
 TASKS = {"lm": HERE / "configs" / "quickstart_lm.yaml", "seq2seq": HERE / "configs" / "quickstart_seq2seq.yaml"}
-TRAIN = "hf_outheads.training.train"
 
 # The figures the quickstart states (training/README.md, "What the quickstart shows") and checks, with a
 # tolerance that holds across machines: the same Python (the corpus is its standard library) and torch give
@@ -74,16 +72,11 @@ def parse_args(argv=None):
     return argparse.Namespace(**dataclasses.asdict(options), overrides=overrides)
 
 
-# one process, full precision, whatever `accelerate config` set up: the run the READMEs' numbers are of
-LAUNCH_ARGS = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-
-
 def by_hand_command(task: str, output_dir: Path, overrides: list[str]) -> list[str]:
-    """The command that runs quickstart `task` as the quickstart does: from the repository root
-    (`training/train.py` by path), or from any folder with the package installed."""
-    script = ["training/train.py"] if CHECKOUT else ["-m", TRAIN]
-    return ["accelerate", "launch", *LAUNCH_ARGS, *script, "--config", f"training/configs/{TASKS[task].name}",
-            "--output_dir", str(output_dir), "--resume", "never", *overrides]
+    """The command that trains quickstart `task` as the quickstart does (one process, in full
+    precision, from any folder: the config is found among the package's when not in the folder)."""
+    return ["hf-outheads", "train", "--config", f"training/configs/{TASKS[task].name}", "--output_dir", str(output_dir),
+            "--resume", "never", *overrides]
 
 
 def check_figures(task: str, results: dict) -> list[str]:
