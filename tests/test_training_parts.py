@@ -215,6 +215,10 @@ def test_the_cards_usage_code_loads_the_absolute_folder_or_the_pushed_repository
     monkeypatch.chdir(tmp_path)
     finish_run(model, tokenizer, options(model_preset="gpt2-tiny", head_type="bilinear", output_dir="run"), results)
     assert f'from_pretrained("{tmp_path.resolve() / "run"}")' in (tmp_path / "run" / "README.md").read_text()
+    # not pushed, with the repository it will be uploaded to: the card as it will be pushed
+    finish_run(model, tokenizer, options(model_preset="gpt2-tiny", head_type="bilinear", output_dir="later",
+                                         hub_model_id="someone/later"), results)
+    assert 'from_pretrained("someone/later")' in (tmp_path / "later" / "README.md").read_text()
 
     commits, made = [], []
 

@@ -204,11 +204,12 @@ def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
     (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
     (output_dir / CONFIG_FILE).write_text(yaml.safe_dump(saved_options(options), sort_keys=False))
     plot_training_curve(output_dir)
-    repo_id = hub_repo(options.training) if options.training.push_to_hub else None
+    training = options.training  # unpushed with hub_model_id: the card as it will be pushed (`hf upload` later)
+    repo_id = hub_repo(training) if training.push_to_hub else training.hub_model_id
     card = render_card(model, tokenizer, options, results, output_dir, repo_id)
     card.save(output_dir / "README.md")
     print(summary(options, results, output_dir))
-    if repo_id:
+    if training.push_to_hub:
         push_to_hub(model, tokenizer, output_dir, repo_id)
         print(f"Pushed to https://huggingface.co/{repo_id}")
     return output_dir / "README.md"
