@@ -11,7 +11,7 @@ import tempfile
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from hf_outheads import OutHeadsForCausalLM  # importing hf_outheads registers it with the Auto classes
+from hf_outheads import OutHeadsForCausalLM  # importing it registers it with the Auto classes
 
 
 def main():
