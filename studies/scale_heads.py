@@ -6,7 +6,9 @@ attention, TF32 and fused AdamW, with no host read between logging steps. Record
 train.py's results and metrics.jsonl: validation perplexity (during and after training), perplexity
 by training-frequency band (`hf_outheads.frequency_bands`), training tokens/s, training FLOPs
 (`hf_outheads.flops`), the achieved FLOP rate against the device's measured bf16 peak (MFU) and
-the loss path the head trained with.
+the loss path the head trained with; after an `mtp` run, in the same call, its greedy drafting
+against plain greedy (`drafting_speed`: `studies.mtp_speed`'s measurement on validation blocks,
+token-identical or said to fail, into `speed.md` / `speed.json` and a line of the results).
 
     python -m studies.scale_heads --data data/scale_corpus --out OUTDIR --budget_s 300
     python -m studies.scale_heads --tabulate studies/results/scale_gpt2small/scale_runs.jsonl \\
@@ -378,6 +380,17 @@ def portable(arg: str) -> str:
         return "OUT"
 
 
+def check_drafting(drafting: dict | None, block: int, parser, config: Path) -> None:
+    """The config's `drafting` settings name every field and fit a validation block; else a parser error."""
+    fields = ("prompts", "prompt_tokens", "new_tokens", "repeats")
+    if not isinstance(drafting, dict) or set(drafting) != set(fields):
+        parser.error(f"drafting: {drafting!r} in {config}: give {{{', '.join(f'{f}: N' for f in fields)}}} "
+                     "(the mtp run's drafting speed is measured with them)")
+    if drafting["prompt_tokens"] + drafting["new_tokens"] > block:
+        parser.error(f"drafting: prompt_tokens + new_tokens ({drafting['prompt_tokens']} + {drafting['new_tokens']}) "
+                     f"exceeds the corpus's block size ({block}): lower them in {config} or with --override")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path(__file__).parent / "configs" / "scale_gpt2small.yaml")
@@ -406,11 +419,9 @@ def main(argv=None):
         cfg["queue"] = [n.strip() for n in args.heads.split(",") if n.strip()]
     # an unknown head or a wrong option fails before training
     heads = [head_spec(name, cfg.get("head_options_by_head", {})).head_type for name in cfg["queue"]]
-    block = json.loads((args.data / "corpus.json").read_text())["block_size"]
-    drafting = cfg["drafting"]
-    if "mtp" in heads and drafting["prompt_tokens"] + drafting["new_tokens"] > block:
-        parser.error(f"drafting: prompt_tokens + new_tokens ({drafting['prompt_tokens']} + {drafting['new_tokens']}) "
-                     f"exceeds the corpus's block size ({block}): lower them in {args.config} or with --override")
+    if "mtp" in heads:  # its drafting speed is measured after it (`drafting_speed`): settings that fit the blocks
+        check_drafting(cfg.get("drafting"), json.loads((args.data / "corpus.json").read_text())["block_size"],
+                       parser, args.config)
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     runs_file = args.out / RUNS_FILE

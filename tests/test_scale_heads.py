@@ -150,3 +150,11 @@ def test_drafting_that_would_end_past_the_budget_is_skipped_with_a_line(corpus, 
     assert set(drafting) == {"skipped"} and "left of --budget_s" in capsys.readouterr().out
     (line,) = scale_heads.drafting_lines([{"name": "mtp", "seed": 1, "drafting": drafting}])
     assert line.startswith("- mtp (seed 1): drafting speed not measured: predicted ")
+
+
+def test_drafting_settings_longer_than_a_block_fail_before_training(corpus, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        scale_heads.main(["--data", str(corpus), "--heads", "tied,mtp-linear", "--out", str(tmp_path / "out"), *TINY,
+                          "--override", "drafting={prompts: 1, prompt_tokens: 10, new_tokens: 10, repeats: 1}"])
+    assert "prompt_tokens + new_tokens (10 + 10) exceeds the corpus's block size (16)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
