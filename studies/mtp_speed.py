@@ -127,15 +127,26 @@ def text_agreement(model, texts: list[torch.Tensor]) -> list[float]:
 
 
 def measure(run: Path, args) -> list[dict]:
-    """One model: per-method tokens/s (paired, alternating), the ratio, and the drafts' acceptance; one
-    result per draft vocabulary: the model's own (`draft_vocab_size`), and every word."""
+    """One saved model (`run`): `measure_model` on the built-in corpus's validation prompts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hf_outheads.mtp_drafting import DraftCounts
 
     tokenizer = AutoTokenizer.from_pretrained(run)
     model = AutoModelForCausalLM.from_pretrained(run).to(args.device).eval()
-    options = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    chosen = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens)]
+    texts = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens + args.new_tokens)]
+    return measure_model(model, tokenizer.pad_token_id, chosen, texts, args.new_tokens, args.repeats, str(run))
+
+
+def measure_model(model, pad_token_id, chosen: list[torch.Tensor], texts: list[torch.Tensor], new_tokens: int,
+                  repeats: int, run: str) -> list[dict]:
+    """An `mtp` model in eval mode: per-method greedy tokens/s over the `(1, P)` prompts `chosen` (paired,
+    alternating `repeats` times), the ratio, the drafts' acceptance, and their agreement on `texts` (the
+    prompts' texts, prompt and new-token lengths; `text_agreement`); one result per draft vocabulary: the
+    model's own (`draft_vocab_size`), and every word. `token_identical` says whether every drafted generation
+    was plain greedy's."""
+    from hf_outheads.mtp_drafting import DraftCounts
+
+    options = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_token_id)
     head = model.head
     shortlist = head.draft_tokens
     variants = {"every word": None}  # draft vocabulary -> the `draft_tokens` drafting uses
@@ -148,24 +159,21 @@ def measure(run: Path, args) -> list[dict]:
 
     counts = {name: DraftCounts.empty(len(head.predictors)) for name in variants}
     times = {name: [] for name in ("plain", *variants)}
+    identical = dict.fromkeys(variants, True)
     tokens, outputs = 0, []
-    chosen = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens)]
-    texts = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens + args.new_tokens)]
     for prompt in chosen[:2]:  # warm-up, not timed
         model.generate(prompt, **options)
         for rows in variants.values():
             drafting(rows, prompt)
     for prompt in chosen:
         per = {name: [] for name in times}
-        for repeat in range(args.repeats):
+        for repeat in range(repeats):
             seconds, plain = timed(model, prompt, **options)
             per["plain"].append(seconds)
             for name, rows in variants.items():
                 seconds, drafted = drafting(rows, prompt)
                 per[name].append(seconds)
-                if not torch.equal(plain, drafted):
-                    raise SystemExit(f"{run}: drafted greedy ({name}) differs from plain greedy on a prompt: "
-                                     f"not {DRAFT_CHECK}.")
+                identical[name] &= torch.equal(plain, drafted)
                 if repeat == 0:
                     counts[name].add(head.draft_counts)
         tokens += plain.shape[1] - prompt.shape[1]
@@ -175,44 +183,51 @@ def measure(run: Path, args) -> list[dict]:
     head.draft_tokens = shortlist
     speed = {name: tokens / sum(seconds) for name, seconds in times.items()}
     depth = len(head.predictors)
-    costs = forward_costs(model, chosen[0], (1, depth + 1), args.repeats)
+    costs = forward_costs(model, chosen[0], (1, depth + 1), repeats)
     agreement = text_agreement(model, texts)
     results = []
     for name in variants:
         count = counts[name]
         per_round = count.tokens / max(count.rounds, 1)
         results.append({
-            "run": str(run), "head_options": model.config.head_options, "draft_vocabulary": name,
-            "prompts": len(chosen), "tokens": tokens,
+            "run": run, "head_options": model.config.head_options, "draft_vocabulary": name,
+            "token_identical": identical[name], "prompts": len(chosen), "tokens": tokens,
             "tokens_per_s": {"plain": speed["plain"], "mtp": speed[name]}, "speed_up": speed[name] / speed["plain"],
             "acceptance": count.acceptance(), "tokens_per_round": per_round, "draft_counts": vars(count),
-            "text_agreement": agreement, "repeated_4grams": repeated_share(outputs, args.prompt_tokens),
+            "text_agreement": agreement, "repeated_4grams": repeated_share(outputs, chosen[0].shape[1]),
             # a round's cost in plain greedy steps: what the drafts must pay for
             "round_in_steps": speed["plain"] * per_round / speed[name],
             "verify_forward_in_steps": costs[depth + 1] / costs[1]})
     return results
 
 
-def write(results: list[dict], args, command: str) -> None:
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    machine = {"device": args.device, "torch_threads": args.threads, "cpu_count": os.cpu_count(),
+def machine_of(device: str, threads: int) -> dict:
+    """Where the timings ran: the device (a GPU's name), torch's threads, the processor and torch."""
+    machine = {"device": device, "torch_threads": threads, "cpu_count": os.cpu_count(),
                "processor": platform.processor() or platform.machine(), "torch": torch.__version__}
-    if args.device == "cuda":
+    if device == "cuda":
         machine["gpu"] = torch.cuda.get_device_name()
-    settings = {k: getattr(args, k) for k in ("prompts", "prompt_tokens", "new_tokens", "repeats")}
+    return machine
+
+
+def write(results: list[dict], out: Path, command: str, settings: dict, machine: dict,
+          prompts_from: str = "the built-in corpus's validation split") -> None:
+    """`speed.json` and `speed.md` in `out`: `results` (`measure_model`'s) measured with `settings` (prompts,
+    prompt_tokens, new_tokens, repeats) on `machine` (`machine_of`), the prompts taken from `prompts_from`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "speed.json").write_text(json.dumps({"command": command, "machine": machine, "settings": settings,
                                                 "runs": results}, indent=1) + "\n")
     depth = max(len(r["acceptance"]) for r in results)
-    header = ["run", "draft vocabulary", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification",
+    header = ["run", "device", "draft vocabulary", "plain tokens/s", "mtp tokens/s", "speed-up", "tokens per verification",
               "round / plain step", "verification forward / one-token forward"] + [
         f"acceptance t+{j + 2}" for j in range(depth)] + [f"agreement on the text, t+{j + 2}" for j in range(depth)] + [
         "greedy tokens repeating a 4-gram"]
     lines = [f"Command: `{command}`", "",
-             f"Greedy decoding, {settings['prompts']} prompts of {settings['prompt_tokens']} tokens from the built-in "
-             f"corpus's validation split, up to {settings['new_tokens']} new tokens, {settings['repeats']} alternating "
-             f"calls per method and prompt (median), {machine['device']} ({machine['processor']}, "
-             f"{machine['torch_threads']} torch thread(s)). Every drafted generation was token-identical to plain greedy.",
+             f"Greedy decoding, {settings['prompts']} prompts of {settings['prompt_tokens']} tokens from {prompts_from}, "
+             f"up to {settings['new_tokens']} new tokens, {settings['repeats']} alternating calls per method and prompt "
+             f"(median), {machine.get('gpu', machine['device'])} ({machine['processor']}, {machine['torch_threads']} "
+             f"torch thread(s)). " + identity_line(results),
              "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in results:
         name = "/".join(Path(r["run"]).parts[-2:])
@@ -220,7 +235,9 @@ def write(results: list[dict], args, command: str) -> None:
         rates = [f"{a:.1%}" if a is not None else "" for a in r["acceptance"]] + pad
         rates += [f"{a:.1%}" if a is not None else "" for a in r["text_agreement"]] + pad
         rates.append(f"{r['repeated_4grams']:.1%}")
-        lines.append(f"| {name} | {r['draft_vocabulary']} | {r['tokens_per_s']['plain']:.1f} | {r['tokens_per_s']['mtp']:.1f} | "
+        device = r.get("device", machine.get("gpu", machine["device"]))  # a study's rows name their own card
+        lines.append(f"| {name} | {device} | {r['draft_vocabulary']} | {r['tokens_per_s']['plain']:.1f} | "
+                     f"{r['tokens_per_s']['mtp']:.1f} | "
                      f"{r['speed_up']:.2f}x | {r['tokens_per_round']:.2f} | {r['round_in_steps']:.2f} | "
                      f"{r['verify_forward_in_steps']:.2f} | " + " | ".join(rates) + " |")
     lines += ["", "Acceptance at t+j: the share of rounds that proposed a draft for token t+j in which it was kept "
@@ -239,6 +256,14 @@ def write(results: list[dict], args, command: str) -> None:
     (out / "speed.md").write_text("\n".join(lines) + "\n")
 
 
+def identity_line(results: list[dict]) -> str:
+    """Whether every drafted generation was plain greedy's, naming the runs where it was not."""
+    failed = [f"{r['run']} ({r['draft_vocabulary']})" for r in results if not r["token_identical"]]
+    if not failed:
+        return "Every drafted generation was token-identical to plain greedy."
+    return f"FAILED: drafted greedy differs from plain greedy on a prompt ({DRAFT_CHECK} expected) for {', '.join(failed)}."
+
+
 def main(argv=None):
     import sys
 
@@ -251,10 +276,14 @@ def main(argv=None):
     results = []
     for run in runs:
         for result in measure(run, args):
+            if not result["token_identical"]:
+                raise SystemExit(f"{run}: drafted greedy ({result['draft_vocabulary']}) differs from plain greedy on a "
+                                 f"prompt: not {DRAFT_CHECK}.")
             results.append(result)
             print(json.dumps({k: result[k] for k in ("run", "draft_vocabulary", "tokens_per_s", "speed_up",
                                                      "acceptance")}), flush=True)
-    write(results, args, command)
+    settings = {k: getattr(args, k) for k in ("prompts", "prompt_tokens", "new_tokens", "repeats")}
+    write(results, Path(args.output_dir), command, settings, machine_of(args.device, args.threads))
 
 
 if __name__ == "__main__":

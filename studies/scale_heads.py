@@ -6,7 +6,9 @@ attention, TF32 and fused AdamW, with no host read between logging steps. Record
 train.py's results and metrics.jsonl: validation perplexity (during and after training), perplexity
 by training-frequency band (`hf_outheads.frequency_bands`), training tokens/s, training FLOPs
 (`hf_outheads.flops`), the achieved FLOP rate against the device's measured bf16 peak (MFU) and
-the loss path the head trained with.
+the loss path the head trained with; after an `mtp` run, in the same call, its greedy drafting
+against plain greedy (`drafting_speed`: `studies.mtp_speed`'s measurement on validation blocks,
+token-identical or said to fail, into `speed.md` / `speed.json` and a line of the results).
 
     python -m studies.scale_heads --data data/scale_corpus --out OUTDIR --budget_s 300
     python -m studies.scale_heads --tabulate studies/results/scale_gpt2small/scale_runs.jsonl \\
@@ -186,10 +188,92 @@ def train_run(name: str, seed: int, cfg: dict, corpus: Path, data_files: dict, s
            "torch_compile": training.torch_compile, "torch": torch.__version__,
            "dtype": "bf16 autocast" if training.mixed_precision == "bf16" else "fp32",
            "model": {key: cfg[key] for key in ("n_layer", "n_embd", "n_head")}, "curve": curve(read_metrics(output_dir))}
+    if spec.head_type == "mtp":  # its model is on disk until the folder goes: its drafting speed now
+        row["drafting"] = drafting_speed(output_dir, f"{name}/seed{seed}", cfg["drafting"], corpus, deadline)
     shutil.rmtree(output_dir)
     print(f"=== {name} (seed {seed}): val. perplexity {row['eval_perplexity']:.2f}, {row['tokens_per_s']:,.0f} tokens/s, "
           f"{row['train_seconds']:.0f} s of training, loss: {row['loss_path']}", flush=True)
     return row
+
+
+def drafting_speed(model_dir: Path, label: str, settings: dict, corpus: Path, deadline: float | None) -> dict:
+    """Greedy drafting against plain greedy (`studies.mtp_speed.measure_model`) of the `mtp` model saved in
+    `model_dir`, on the corpus's first `settings["prompts"]` validation blocks: each block's first `prompt_tokens`
+    as a prompt, its first `prompt_tokens + new_tokens` for the agreement on the text. Predicted first from a
+    timed plain generation (the measurement's calls, a drafted one counted as two plain ones); when it would
+    end after `deadline`, `{"skipped": why}` (and a line saying so)."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_outheads.training.corpora.debian_docs import load_blocks
+    from hf_outheads.training.tokenization import load_pretrained_tokenizer
+    from studies import mtp_speed
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # a draft is checked against greedy's argmax: no near-tie flips
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
+        pad = load_pretrained_tokenizer(str(corpus)).pad_token_id
+        length, count = settings["prompt_tokens"] + settings["new_tokens"], settings["prompts"]
+        texts = [torch.tensor(block[None, :length].astype("int64"), device=device)
+                 for block in load_blocks(corpus, "validation")[:count]]
+        chosen = [text[:, : settings["prompt_tokens"]] for text in texts]
+        options = dict(max_new_tokens=settings["new_tokens"], do_sample=False, pad_token_id=pad)
+        mtp_speed.timed(model, chosen[0], **options)  # the first call warms the device up
+        seconds, _ = mtp_speed.timed(model, chosen[0], **options)
+        variants = 1 + (model.head.draft_tokens is not None)
+        predicted = seconds * (1 + 2 * variants) * (settings["repeats"] * len(chosen) + 2) * 1.1
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and predicted > left:
+            why = f"drafting speed not measured: predicted {predicted:.0f} s, {left:.0f} s left of --budget_s"
+            print(f"=== {label}: {why}", flush=True)
+            return {"skipped": why}
+        results = mtp_speed.measure_model(model, pad, chosen, texts, settings["new_tokens"], settings["repeats"], label)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    machine = mtp_speed.machine_of(device.type, torch.get_num_threads())
+    for result in results:
+        result["device"] = device_name(device)
+        print(f"=== {label}: greedy drafting ({result['draft_vocabulary']}) {result['speed_up']:.2f}x plain greedy, "
+              + ("token-identical" if result["token_identical"] else "NOT token-identical")
+              + ", acceptance " + ", ".join(f"{a:.0%}" for a in result["acceptance"] if a is not None), flush=True)
+    return {"settings": settings, "machine": machine, "results": results}
+
+
+def drafting_lines(runs: list[dict]) -> list[str]:
+    """A line per `mtp` run: its greedy drafting against plain greedy (`drafting_speed`), or why it is missing."""
+    lines = []
+    for run in runs:
+        drafting = run.get("drafting")
+        if drafting is None:
+            continue
+        label = f"{run['name']} (seed {run['seed']})"
+        if "skipped" in drafting:
+            lines.append(f"- {label}: {drafting['skipped']}.")
+        for r in drafting.get("results", []):
+            acceptance = ", ".join(f"t+{j + 2} {a:.1%}" for j, a in enumerate(r["acceptance"]) if a is not None)
+            lines.append(f"- {label}, {r['device']}, drafts from {r['draft_vocabulary']}: "
+                         + (f"{r['speed_up']:.2f}x plain greedy ({r['tokens_per_s']['mtp']:,.1f} against "
+                            f"{r['tokens_per_s']['plain']:,.1f} tokens/s), token-identical, acceptance {acceptance}"
+                            if r["token_identical"] else "FAILED: drafted greedy differs from plain greedy") + ".")
+    return lines
+
+
+def write_drafting(runs: list[dict], out: Path) -> str:
+    """`speed.md` / `speed.json` (`mtp_speed.write`) of the runs' drafting measurements, and results.md's lines."""
+    from studies import mtp_speed
+
+    lines = drafting_lines(runs)
+    if not lines:
+        return ""
+    measured = [run for run in runs if run.get("drafting", {}).get("results")]
+    if measured:
+        last = measured[-1]["drafting"]
+        command = " && ".join(dict.fromkeys(run["command"] for run in measured))
+        mtp_speed.write([r for run in measured for r in run["drafting"]["results"]], out, command, last["settings"],
+                        last["machine"], prompts_from="the scale corpus's first validation blocks")
+    return ("Greedy drafting with the future predictors against plain greedy, after the run in the same call "
+            "(studies/mtp_speed.py; speed.md):\n\n" + "\n".join(lines) + "\n")
 
 
 def read_runs(paths) -> list[dict]:
@@ -278,6 +362,8 @@ def tabulate(paths, out: Path, command: str) -> None:
                  and row.get("head") in ("tied", "linear")), None)
     text = (f"\nSpeed (training steps after the first {WARM_STEP}, which compile, evaluation excluded):\n\n" + speed_table(runs) + "\n\n"
             + equal_time_table(runs, best) + "\n")
+    drafting = write_drafting(runs, out)
+    text += "\n" + drafting if drafting else ""
     with (out / "results.md").open("a") as results:
         results.write(text)
     print(text)
@@ -292,6 +378,17 @@ def portable(arg: str) -> str:
         return str(Path(arg).relative_to(Path.cwd()))
     except ValueError:
         return "OUT"
+
+
+def check_drafting(drafting: dict | None, block: int, parser, config: Path) -> None:
+    """The config's `drafting` settings name every field and fit a validation block; else a parser error."""
+    fields = ("prompts", "prompt_tokens", "new_tokens", "repeats")
+    if not isinstance(drafting, dict) or set(drafting) != set(fields):
+        parser.error(f"drafting: {drafting!r} in {config}: give {{{', '.join(f'{f}: N' for f in fields)}}} "
+                     "(the mtp run's drafting speed is measured with them)")
+    if drafting["prompt_tokens"] + drafting["new_tokens"] > block:
+        parser.error(f"drafting: prompt_tokens + new_tokens ({drafting['prompt_tokens']} + {drafting['new_tokens']}) "
+                     f"exceeds the corpus's block size ({block}): lower them in {config} or with --override")
 
 
 def main(argv=None):
@@ -320,8 +417,11 @@ def main(argv=None):
         cfg[key] = yaml.safe_load(value)
     if args.heads:
         cfg["queue"] = [n.strip() for n in args.heads.split(",") if n.strip()]
-    for name in cfg["queue"]:
-        head_spec(name, cfg.get("head_options_by_head", {}))  # an unknown head or a wrong option fails before training
+    # an unknown head or a wrong option fails before training
+    heads = [head_spec(name, cfg.get("head_options_by_head", {})).head_type for name in cfg["queue"]]
+    if "mtp" in heads:  # its drafting speed is measured after it (`drafting_speed`): settings that fit the blocks
+        check_drafting(cfg.get("drafting"), json.loads((args.data / "corpus.json").read_text())["block_size"],
+                       parser, args.config)
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     runs_file = args.out / RUNS_FILE

@@ -78,7 +78,8 @@ def test_train_py_ran_compiled(out):
 
 def test_the_scale_queue_trains_every_head_on_equal_tokens_and_their_second_seeds(out):
     folder = out / "scale"
-    assert sorted(p.name for p in folder.iterdir()) == ["results.json", "results.md", "scale_runs.jsonl"]
+    assert sorted(p.name for p in folder.iterdir()) == ["results.json", "results.md", "scale_runs.jsonl", "speed.json",
+                                                        "speed.md"]
     assert (folder / "results.md").read_text().startswith("Command: `python ")
     runs = [json.loads(line) for line in (folder / "scale_runs.jsonl").read_text().splitlines()]
     assert [run["name"] for run in runs if run["seed"] == 1] == QUEUE and all(run["torch_compile"] for run in runs)
@@ -92,6 +93,21 @@ def test_the_scale_queue_trains_every_head_on_equal_tokens_and_their_second_seed
         assert "OUT" in run["command"] and "/tmp" not in run["command"]  # no machine's path recorded
     by_name = {run["name"]: run for run in runs if run["seed"] == 1}
     assert by_name["mos"]["train_flops"] > 2 * by_name["mos-k1"]["train_flops"]  # K = 4 components cost more
+    assert by_name["mtp-linear"]["train_flops"] > by_name["linear"]["train_flops"]  # its predictors count
+
+
+def test_the_mtp_run_drafts_token_identically_after_training_in_the_same_call(out):
+    """After the queue's mtp run: greedy drafting against plain greedy on the corpus's validation blocks, in speed.json
+    (token-identical, tokens/s of both, acceptance per future position) and a line of results.md."""
+    speed = json.loads((out / "scale" / "speed.json").read_text())
+    runs = [json.loads(line) for line in (out / "scale" / "scale_runs.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in speed["runs"]] == [f"{run['name']}/seed{run['seed']}" for run in runs if run["head"] == "mtp"]
+    for result in speed["runs"]:
+        assert result["token_identical"] and result["device"] == "cpu" and result["tokens"] > 0
+        assert min(result["tokens_per_s"].values()) > 0 and len(result["acceptance"]) == 2
+        assert all(a is None or 0 <= a <= 1 for a in result["acceptance"])
+    assert "Every drafted generation was token-identical" in (out / "scale" / "speed.md").read_text()
+    assert "- mtp-linear (seed 1), cpu, drafts from every word: " in (out / "scale" / "results.md").read_text()
 
 
 def test_each_part_fits_what_a_device_call_returns(out):

@@ -107,3 +107,54 @@ def test_the_queue_adds_second_seeds_close_to_the_best_plain_head():
 def test_an_unknown_head_fails_before_training(corpus, tmp_path):
     with pytest.raises(ValueError, match="nohead"):
         scale_heads.main(["--data", str(corpus), "--heads", "tied,nohead", "--out", str(tmp_path), *TINY])
+
+
+DRAFTING = ["--override", "drafting={prompts: 2, prompt_tokens: 4, new_tokens: 6, repeats: 1}"]
+
+
+def test_an_mtp_run_measures_its_drafting_against_plain_greedy_after_training(corpus, tmp_path):
+    """The config's `mtp-linear` (D = 2, sequential, on `linear`): its row's perplexity is the next-token head's, its
+    FLOPs count the predictors, and after it trains its saved model drafts greedily on validation blocks (mtp_speed),
+    token-identical to plain greedy, written to speed.md / speed.json and a line of results.md, naming the device."""
+    out = tmp_path / "out"
+    scale_heads.main(["--data", str(corpus), "--heads", "linear,mtp-linear", "--out", str(out),
+                      "--runs", str(tmp_path / "none.jsonl"), *TINY, *DRAFTING])
+    linear, mtp = runs_in(out)
+    assert mtp["head"] == "mtp" and mtp["head_options"]["num_future"] == 2 and mtp["head_options"]["form"] == "sequential"
+    assert mtp["head_options"]["head"] == "linear" and "drafting" not in linear
+    assert mtp["train_flops"] > linear["train_flops"] and mtp["eval_tokens"] == linear["eval_tokens"]
+    (result,) = mtp["drafting"]["results"]
+    assert result["token_identical"] and result["run"] == "mtp-linear/seed1" and result["device"] == "cpu"
+    assert len(result["acceptance"]) == 2 and result["tokens"] == 2 * 6 and result["speed_up"] > 0
+    speed = json.loads((out / "speed.json").read_text())
+    assert [r["run"] for r in speed["runs"]] == ["mtp-linear/seed1"] and speed["settings"]["new_tokens"] == 6
+    text = (out / "speed.md").read_text()
+    assert "the scale corpus's first validation blocks" in text and "token-identical to plain greedy" in text
+    assert "| mtp-linear/seed1 | cpu | every word |" in text
+    results = (out / "results.md").read_text()
+    assert "- mtp-linear (seed 1), cpu, drafts from every word: " in results and "token-identical, acceptance t+2" in results
+
+
+def test_drafting_that_would_end_past_the_budget_is_skipped_with_a_line(corpus, tmp_path, capsys):
+    """A deadline already passed: the measurement is predicted (from a timed generation) and skipped, said in the
+    run's row and in results.md's drafting lines."""
+    from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+    from tiny import tiny_config
+
+    text_config = tiny_config("gpt2")
+    text_config.vocab_size = 300  # the corpus's ids
+    config = OutHeadsConfig(text_config=text_config, head_type="mtp", head_options={"num_future": 2, "num_attention_heads": 2})
+    OutHeadsForCausalLM(config).save_pretrained(tmp_path / "model")
+    settings = {"prompts": 2, "prompt_tokens": 4, "new_tokens": 6, "repeats": 1}
+    drafting = scale_heads.drafting_speed(tmp_path / "model", "mtp/seed1", settings, corpus, time.perf_counter())
+    assert set(drafting) == {"skipped"} and "left of --budget_s" in capsys.readouterr().out
+    (line,) = scale_heads.drafting_lines([{"name": "mtp", "seed": 1, "drafting": drafting}])
+    assert line.startswith("- mtp (seed 1): drafting speed not measured: predicted ")
+
+
+def test_drafting_settings_longer_than_a_block_fail_before_training(corpus, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        scale_heads.main(["--data", str(corpus), "--heads", "tied,mtp-linear", "--out", str(tmp_path / "out"), *TINY,
+                          "--override", "drafting={prompts: 1, prompt_tokens: 10, new_tokens: 10, repeats: 1}"])
+    assert "prompt_tokens + new_tokens (10 + 10) exceeds the corpus's block size (16)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@
 # Whoever holds a GPU runs the same command; it continues the queue from the committed runs, so each
 # lease adds runs until the comparison is complete (a run predicted to overrun the budget is left for
 # the next lease). Files written into OUT (a call returns at most 8): scale: scale.log,
-# scale/{scale_runs.jsonl,results.md,results.json}; bench: bench.log, loss.md, heads_32000.md,
+# scale/{scale_runs.jsonl,results.md,results.json,speed.md,speed.json}; bench: bench.log, loss.md, heads_32000.md,
 # heads_128000.md, heads_gpt2small.md, train.log. Each step has a time limit, and the scale queue a
 # budget (the part's seconds less what it has used), so that each part ends in time; a step that fails
 # is logged and the part goes on; the exit status is the number of failed steps.
@@ -26,7 +26,7 @@
 # CI). It proves the wiring, not the GPU: the CUDA tests are collected and skipped, the benchmarks run in
 # fp32 at tiny sizes (liger and cut-cross-entropy listed as not runnable), train.py runs compiled at a
 # tiny size, and the scale queue trains every head, compiled, as a 1-layer model on a corpus packed from
-# the Python standard library's docstrings.
+# the Python standard library's docstrings (the mtp run's drafting speed measured after it, on 2 short prompts).
 set -uo pipefail
 usage="usage: tools/gpu_run.sh OUTDIR [--part scale|bench|all] [--tiny]"
 [ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
@@ -106,7 +106,7 @@ if [ $TINY -eq 1 ]; then
     CORPUS=$OUT/tiny_corpus
     SCALE=(--runs "$OUT/no_runs.jsonl" --override n_layer=1 --override n_embd=32 --override n_head=2
            --override train_tokens=1024 --override batch_size=4 --override evaluations=1 --override eval_batch_size=16
-           --override eval_blocks=32)
+           --override eval_blocks=32 --override 'drafting={prompts: 2, prompt_tokens: 8, new_tokens: 8, repeats: 1}')
     SCALE_S=  # no budget: every head trains
 else
     LIMIT_SCALE=1
