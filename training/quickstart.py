@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_outheads.head_options import DeclaredOptions, choice, flag, text
+from hf_outheads.training import train
 from hf_outheads.training.command_line import CommandParser, add_declared, declared_values, refuse
 from hf_outheads.training.safeguards import earlier_work
 
@@ -79,43 +80,40 @@ def by_hand_command(task: str, output_dir: Path, overrides: list[str]) -> list[s
             "--resume", "never", *overrides]
 
 
-def check_figures(task: str, results: dict) -> list[str]:
-    """What is off in a quickstart's results against `EXPECTED` and `BEATS_COPY` (empty: as stated)."""
-    problems = []
-    for key, (stated, tolerance) in EXPECTED[task].items():
-        if abs(results[key] - stated) > tolerance:
-            problems.append(f"{key} {results[key]:.2f} is not within {tolerance} of the stated {stated}")
-    for key in BEATS_COPY.get(task, ()):
-        copied = results[key.replace("eval_", "eval_copy_")]
-        if results[key] <= copied:
-            problems.append(f"{key} {results[key]:.2f} does not beat the copied source's {copied:.2f}")
-    return problems
-
-
 FIGURE_NAMES = {"eval_perplexity": "perplexity", "eval_sacrebleu": "BLEU", "eval_chrf": "chrF"}
 
 
+def stated_figures(task: str, results: dict):
+    """(key, what is stated, what is wrong when off, off) for each figure the quickstart states:
+    `EXPECTED`'s values within their tolerances, and `BEATS_COPY`'s above the copied source."""
+    for key, (stated, tolerance) in EXPECTED[task].items():
+        yield (key, f"stated {stated} +- {tolerance}", f"is not within {tolerance} of the stated {stated}",
+               abs(results[key] - stated) > tolerance)
+    for key in BEATS_COPY.get(task, ()):
+        copied = results[key.replace("eval_", "eval_copy_")]
+        yield (key, f"stated: above the copied source's {copied:.2f}", f"does not beat the copied source's {copied:.2f}",
+               results[key] <= copied)
+
+
+def check_figures(task: str, results: dict) -> list[str]:
+    """What is off in a quickstart's results against the stated figures (empty: as stated)."""
+    return [f"{key} {results[key]:.2f} {wrong}" for key, _, wrong, off in stated_figures(task, results) if off]
+
+
 def figure_lines(task: str, results: dict, not_checked: str | None = None) -> list[str]:
-    """One line per figure the quickstart states (`EXPECTED`, `BEATS_COPY`): the run's value beside the
-    stated one and its tolerance, then `as stated`, `OFF`, or `not checked (<not_checked>)`."""
+    """One line per stated figure: the run's value beside the stated one, then `as stated`, `OFF`, or
+    `not checked (<not_checked>)`."""
     def verdict(off: bool) -> str:
         return f"not checked ({not_checked})" if not_checked else "OFF" if off else "as stated"
 
-    lines = [f"{FIGURE_NAMES[key]} {results[key]:.2f} (stated {stated} +- {tolerance}): "
-             f"{verdict(abs(results[key] - stated) > tolerance)}" for key, (stated, tolerance) in EXPECTED[task].items()]
-    for key in BEATS_COPY.get(task, ()):
-        copied = results[key.replace("eval_", "eval_copy_")]
-        lines.append(f"{FIGURE_NAMES[key]} {results[key]:.2f} (stated: above the copied source's {copied:.2f}): "
-                     f"{verdict(results[key] <= copied)}")
-    return lines
+    return [f"{FIGURE_NAMES[key]} {results[key]:.2f} ({stated}): {verdict(off)}"
+            for key, stated, _, off in stated_figures(task, results)]
 
 
 def task_options(output_dirs: dict, overrides: list[str]) -> dict:
     """Each task's train.py options, parsed and checked as train.py checks them (`train.parse_args`:
     one line and exit status 2 for a wrong one) before any task trains."""
-    from hf_outheads.training.train import parse_args as train_options
-
-    return {task: train_options(["--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never",
+    return {task: train.parse_args(["--config", str(TASKS[task]), "--output_dir", str(output_dir), "--resume", "never",
                                  *overrides]) for task, output_dir in output_dirs.items()}
 
 
@@ -132,8 +130,6 @@ def main(argv=None):
             print(f"=== quickstart {task}: replacing the earlier run in {output_dir} (--overwrite_output_dir true)")
     overrides = [*args.overrides, *(["--overwrite_output_dir", "true"] if args.overwrite_output_dir else [])]
     options = task_options(output_dirs, overrides)
-    from hf_outheads.training import train
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the command would: no fork warnings
     off = []
     for task, output_dir in output_dirs.items():
