@@ -30,3 +30,20 @@ config = hf_outheads.OutHeadsConfig(text_config=GPT2Config(n_layer=1, n_embd=16,
 print(type(AutoModelForCausalLM.from_config(config)).__name__, hf_outheads.OutHeadsForSeq2SeqLM.__name__)
 """)
     assert out.split() == ["OutHeadsForCausalLM", "OutHeadsForSeq2SeqLM"], out
+
+
+def test_every_lazy_name_resolves_and_the_type_checkers_imports_name_the_same():
+    """`hf_outheads.__init__` lists its names twice, as transformers' faces do: the name -> module map that
+    `__getattr__` imports from, and the `TYPE_CHECKING` imports for type checkers; both must name the same
+    objects, and each must be importable."""
+    import ast
+    import importlib
+
+    import hf_outheads
+
+    tree = ast.parse(Path(hf_outheads.__file__).read_text())
+    guarded = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    typed = {alias.name: node.module for node in guarded.body for alias in node.names}
+    assert typed == {name: module for name, module in hf_outheads._NAMES.items()}
+    for name, module in hf_outheads._NAMES.items():
+        assert getattr(hf_outheads, name) is getattr(importlib.import_module(f"hf_outheads.{module}"), name)
