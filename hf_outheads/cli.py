@@ -4,9 +4,11 @@
     hf-outheads train --config training/configs/quickstart_lm.yaml [--key value ...]
     hf-outheads export <trained_dir> <out_dir> [--approximate --text-file FILE] [--overwrite]
     hf-outheads mtp-distill <run_dir> --output_dir <out_dir> [--prompts 512 --max_steps 300]
+    hf-outheads serve [MODEL] [transformers serve options]                    # transformers' own server
 
-Each runs a module of `hf_outheads.training` (the repository's `training/` folder, installed under
-the package) as `python -m` would, in this process: `quickstart`, `train`, `export` and `mtp_distill`.
+Each runs a module as `python -m` would, in this process: `quickstart`, `train`, `export` and
+`mtp_distill` of `hf_outheads.training` (the repository's `training/` folder, installed under the
+package), which need the training stack, and `hf_outheads.serve`, which needs the server's packages.
 With no command, or an unknown one, it prints the usage on stderr and exits with status 2, as an
 argparse command does when a required sub-command is missing, and as `transformers` and `hf` (the
 Hugging Face CLIs) do (`accelerate` exits 1, `trl` 0); `hf-outheads --help` prints it on stdout with
@@ -22,13 +24,15 @@ import importlib.util
 import runpy
 import sys
 
-COMMANDS = {  # command -> (module of hf_outheads.training, what it does)
-    "quickstart": ("quickstart", "the offline quickstart: train, evaluate and publish two tiny models"),
-    "train": ("train", "train, evaluate and publish a model (one process)"),
-    "export": ("export", "write a trained model as its backbone's own transformers class"),
-    "mtp-distill": ("mtp_distill", "self-distil an mtp model's future-token predictors on its greedy output"),
+TRAINING = "hf_outheads.training"
+COMMANDS = {  # command -> (module it runs, what it does)
+    "quickstart": (f"{TRAINING}.quickstart", "the offline quickstart: train, evaluate and publish two tiny models"),
+    "train": (f"{TRAINING}.train", "train, evaluate and publish a model (one process)"),
+    "export": (f"{TRAINING}.export", "write a trained model as its backbone's own transformers class"),
+    "mtp-distill": (f"{TRAINING}.mtp_distill", "self-distil an mtp model's future-token predictors on its greedy output"),
+    "serve": ("hf_outheads.serve", "serve a model with transformers' OpenAI-compatible server (transformers serve)"),
 }
-TRAIN_STACK = ("yaml", "accelerate", "datasets", "tokenizers", "evaluate", "sacrebleu")  # imported by every command
+TRAIN_STACK = ("yaml", "accelerate", "datasets", "tokenizers", "evaluate", "sacrebleu")  # imported by every training command
 
 
 def usage() -> str:
@@ -52,12 +56,13 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] not in COMMANDS:
         print(f"hf-outheads: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.", file=sys.stderr)
         raise SystemExit(2)
+    module = COMMANDS[argv[0]][0]
     missing = [name for name in TRAIN_STACK if importlib.util.find_spec(name) is None]
-    if missing:
+    if module.startswith(TRAINING) and missing:
         raise SystemExit(f"hf-outheads {argv[0]}: error: the training stack is not installed ({', '.join(missing)}): "
                          "pip install 'hf_outheads[train]'.")
     sys.argv = [f"hf-outheads {argv[0]}", *argv[1:]]  # argparse's prog, in usage and errors
-    runpy.run_module(f"hf_outheads.training.{COMMANDS[argv[0]][0]}", run_name="__main__")
+    runpy.run_module(module, run_name="__main__")
 
 
 if __name__ == "__main__":

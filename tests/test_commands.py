@@ -234,6 +234,7 @@ HELP_EXAMPLES = {  # issue 51: a command's examples, each printed as a line of i
     "export": "    hf-outheads export <trained_dir> <out_dir> --approximate --text-file sample.txt",
     "quickstart": "    hf-outheads quickstart --task lm  # only one of them",
     "mtp-distill": "    hf-outheads mtp-distill RUN_DIR --output_dir OUT [--prompts 512 --max_steps 300] [--overwrite]",
+    "serve": "    hf-outheads serve outputs/quickstart_lm --port 8000",
 }
 
 

@@ -1,0 +1,136 @@
+"""Served generation against `generate()` in one run: tokens/s of `hf-outheads serve` (transformers'
+server on 127.0.0.1, queried with the `openai` client), with and without `--continuous-batching`,
+for `tied` and `mos` at the quickstart model's size (GPT-2, width 128, 2 layers, 512 positions, a
+BPE tokenizer of 2,000 words trained on the standard library's docstrings; random weights).
+
+For each head, in this order, on the same prompts (greedy, `--new-tokens` at most a prompt):
+- `generate()` in this process, batch 1, one prompt after another (the reference);
+- the server without continuous batching, one request after another, then `--concurrency`
+  requests at once;
+- the server with `--continuous-batching`, the same two ways.
+A rate is the tokens the answers hold (`usage.completion_tokens`; greedy text is the same in every
+way, so every way makes the same tokens) over the wall time of all requests, the median of `--reps`
+passes; each is printed beside its ratio to `generate()`'s. The script refuses to start when the
+1-minute load average is above 0.5 (`--allow-busy` overrides it, and the table says so).
+
+    python -m benchmarks.bench_serving                    # the figures in benchmarks/README.md
+    python -m benchmarks.bench_serving --tiny --allow-busy  # a smoke run (tests/test_serving.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' server helper: one way to start and stop one
+
+from benchmarks.bench_heads import check_load  # noqa: E402
+from served import server  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--heads", default="tied,mos")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=2000)
+    parser.add_argument("--tiny", action="store_true", help="width 32, 300 words, 2 prompts of 4 tokens: a smoke run")
+    parser.add_argument("--allow-busy", action="store_true", help="run although the machine is busy")
+    parser.add_argument("--workdir", default=None, help="where the models are saved (default: a temporary folder)")
+    return parser.parse_args(argv)
+
+
+def build(head: str, tokenizer, tiny: bool):
+    from transformers import GPT2Config
+
+    from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
+
+    width, layers = (32, 1) if tiny else (128, 2)  # the quickstart's gpt2-tiny preset
+    backbone = GPT2Config(n_embd=width, n_layer=layers, n_head=4, n_positions=512, vocab_size=len(tokenizer),
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    return OutHeadsForCausalLM(OutHeadsConfig(text_config=backbone, head_type=head)).eval()
+
+
+def rate(calls, reps: int) -> float:
+    """Median over `reps` passes of tokens made / wall seconds; `calls()` returns the tokens made."""
+    rates = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        tokens = calls()
+        rates.append(tokens / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def served_rates(client, model: str, prompts: list[str], new_tokens: int, concurrency: int, reps: int):
+    def one(prompt):
+        answer = client.completions.create(model=model, prompt=prompt, max_tokens=new_tokens, temperature=0)
+        return answer.usage.completion_tokens
+
+    one(prompts[0])  # loads the model, warms the server up
+    sequential = rate(lambda: sum(map(one, prompts)), reps)
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        together = rate(lambda: sum(pool.map(one, prompts)), reps)
+    return sequential, together
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    load = check_load(args.allow_busy)
+    import tempfile
+
+    from hf_outheads.training.corpora.stdlib import iter_docstrings
+    from hf_outheads.training.tokenization import train_tokenizer
+
+    vocab = 300 if args.tiny else args.vocab
+    new_tokens, count = (4, 2) if args.tiny else (args.new_tokens, args.prompts)
+    texts = [doc for _, _, doc in iter_docstrings()]
+    tokenizer = train_tokenizer(texts, kind="bpe", vocab_size=vocab)
+    prompts = [" ".join(doc.split()[:12]) for doc in texts[:count]]
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_serving_"))
+    rows = []
+    for head in args.heads.split(","):
+        model = build(head, tokenizer, args.tiny)
+        folder = workdir / head
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+        def generated():
+            made = 0
+            for prompt in prompts:
+                ids = tokenizer(prompt, return_tensors="pt").input_ids
+                output = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+                made += output.shape[1] - ids.shape[1]
+            return made
+
+        generated()  # warm-up
+        reference = rate(generated, args.reps)
+        row = {"head": head, "generate": reference}
+        for mode, extra in (("served", ()), ("served-cb", ("--continuous-batching",))):
+            env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}  # this process's threads
+            with server("hf-outheads", *extra, log=workdir / f"{head}-{mode}.log", env=env) as client:
+                row[mode], row[f"{mode} x{args.concurrency}"] = served_rates(
+                    client, str(folder), prompts, new_tokens, args.concurrency, args.reps)
+        rows.append(row)
+    columns = [key for key in rows[0] if key != "head"]
+    print(f"{count} prompts, {new_tokens} new tokens at most, median of {args.reps} passes; tokens/s (vs generate()); "
+          f"1-minute load average {load:.2f}{' (busy: --allow-busy)' if load > 0.5 else ''}\n")
+    print("| head | " + " | ".join(columns) + " |")
+    print("| --- |" + " --- |" * len(columns))
+    for row in rows:
+        cells = [f"{row[c]:.1f} ({row[c] / row['generate']:.2f}x)" for c in columns]
+        print(f"| `{row['head']}` | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
