@@ -18,14 +18,16 @@ joint with a tanh/sigmoid/relu context) are refused with the reason.
 The head's logit transform (`logit_transforms`): its scale over the family's own (Cohere's
 `logit_scale`, Granite's `logits_scaling`; 1 elsewhere) is folded into the output matrix and
 bias; its soft cap goes into the family's field for one (Gemma 2/3's `final_logit_softcapping`,
-`backbones.LOGIT_TRANSFORMS`), and a family without such a field is refused, with the reason.
+`backbones.LOGIT_TRANSFORMS`); a family without such a field is refused, with the reason, unless
+`approximate=True`, which drops the cap (a cap keeps the scores' order) and measures the KL
+divergence as for a bias. Each refusal that `approximate=True` lifts is a `NotExact`.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
@@ -42,16 +44,23 @@ from .model_card import build_plain_model_card
 OWN_GENERATION_KEYS = ("use_mtp",)
 
 
+class NotExact(ValueError):
+    """A refusal that `approximate=True` lifts: the model's scores need what the family's class
+    cannot hold (an output bias, a soft cap), which the approximate export drops."""
+
+
 @dataclass
 class PlainExport:
     """What `export_plain` wrote: the folder, the transformers class, whether its logits are
-    the model's (`exact`), and the mean KL divergence (nats per position) from the model's
-    next-token distributions to the plain model's on the given text (None when none was given)."""
+    the model's (`exact`), the mean KL divergence (nats per position) from the model's
+    next-token distributions to the plain model's on the given text (None when none was given),
+    and what the approximate export dropped (`dropped`, in words; none when exact)."""
 
     path: str
     architecture: str
     exact: bool
     mean_kl: float | None = None
+    dropped: list[str] = field(default_factory=list)
 
 
 def plain_export_capabilities() -> dict[str, bool]:
@@ -64,46 +73,58 @@ def _scaled(weight: torch.Tensor, factor: float) -> torch.Tensor:
     return weight if factor == 1.0 else (weight.double() * factor).to(weight.dtype)
 
 
-def plain_config(model, weight: torch.Tensor):
-    """(config of the plain class, its output matrix): the backbone config with the head's soft cap
-    (`with_logit_softcap`, where it differs from the family's), tied when the output matrix (times
-    `hidden_scale` and the head's logit scale, each over the family's own) is E, else untied."""
+def plain_config(model, weight: torch.Tensor, approximate: bool = False):
+    """(config of the plain class, its output matrix, what it drops): the backbone config with the
+    head's soft cap (`with_logit_softcap`, where it differs from the family's), tied when the output
+    matrix (times `hidden_scale` and the head's logit scale, each over the family's own) is E, else
+    untied. A cap the family has no field for is a `NotExact`, or, `approximate`, dropped."""
     embeddings = model.output_embedding_matrix().detach()
     scale, cap = model.head.logit_transform()
+    capped, dropped = copy.deepcopy(model.config.text_config), []
+    if cap != logit_transform(capped)[1]:
+        try:
+            with_logit_softcap(capped, cap)
+        except ValueError as error:
+            if not approximate:
+                raise NotExact(
+                    f"{error} Train without logit_softcap (or on a family that holds a cap: Gemma 2/3) to export "
+                    "exactly, or pass approximate=True with texts or input_ids to drop the cap (it keeps the "
+                    "scores' order) and measure the KL divergence it costs.") from None
+            dropped.append(f"the head's soft cap of its scores at {cap:g}")
     for tie in (True, False):
-        config = copy.deepcopy(model.config.text_config)
+        config = copy.deepcopy(capped)
         config.tie_word_embeddings = tie
-        if cap != logit_transform(config)[1]:
-            with_logit_softcap(config, cap)
         factor = model.config.hidden_scale / hidden_scale(config) * scale / logit_transform(config)[0]
         output = _scaled(weight, factor)
         if not tie or output.shape == embeddings.shape and torch.equal(output, embeddings):
-            return config, output
+            return config, output, dropped
 
 
-def build_plain(model, approximate: bool = False) -> tuple[PreTrainedModel, bool]:
-    """(the plain transformers model computing `model`'s logits, whether exactly); a ValueError
-    when the head has no plain form, or has a non-zero bias the family cannot hold and
-    `approximate` is False."""
+def build_plain(model, approximate: bool = False) -> tuple[PreTrainedModel, list[str]]:
+    """(the plain transformers model computing `model`'s logits, what it drops from them: nothing
+    when exact); a ValueError when the head has no plain form, a `NotExact` when it has a soft cap
+    (`plain_config`) or a non-zero bias the family cannot hold and `approximate` is False."""
     weight, bias = model.head.equivalent_lm_head(model.output_embedding_matrix())
-    config, output = plain_config(model, weight)
+    config, output, dropped = plain_config(model, weight, approximate)
     if bias is not None:  # the head's logit scale over the family's
         bias = _scaled(bias, model.head.logit_transform()[0] / logit_transform(config)[0])
     auto = AutoModelForSeq2SeqLM if model.config.is_encoder_decoder else AutoModelForCausalLM
     plain = auto.from_config(config, dtype=output.dtype).to(output.device)
-    exact = bool(output_bias_slots(plain)) or bias is None or not torch.count_nonzero(bias)
-    if not exact and not approximate:
-        raise ValueError(
+    held = bool(output_bias_slots(plain)) or bias is None or not torch.count_nonzero(bias)
+    if not held and not approximate:
+        raise NotExact(
             f"Head '{model.config.head_type}' adds a per-word output bias (max |b| = {bias.abs().max().item():.3g}), "
             f"and {type(plain).__name__} adds none to its logits, so no such checkpoint computes this model's "
             "logits. Train with head_options={'output_bias': False} to export exactly, or pass approximate=True "
             "with texts or input_ids to drop the bias and measure the KL divergence it costs.")
+    if not held:
+        dropped.append("the head's per-word output bias")
     load_backbone_state_dict(plain, backbone_state_dict(model))
-    write_lm_head(plain, output, bias if exact else None)
+    write_lm_head(plain, output, bias if held else None)
     plain.generation_config = copy.deepcopy(model.generation_config)
     for key in OWN_GENERATION_KEYS:
         setattr(plain.generation_config, key, None)  # GenerationConfig's default: unset
-    return plain.eval(), exact
+    return plain.eval(), dropped
 
 
 def _sequences(texts, input_ids, tokenizer) -> list[torch.Tensor]:
@@ -136,9 +157,9 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
     """Write `model` (an `OutHeadsFor*` model) to `path` as its backbone's own transformers
     class: weights, config, generation config, `tokenizer` if given, and a model card naming
     the head it was trained with. Loads with `AutoModelForCausalLM` / `AutoModelForSeq2SeqLM`,
-    no `hf_outheads`, no remote code. `approximate=True` allows dropping an output bias the
-    family cannot hold (it needs `texts` with the tokenizer, or `input_ids`: a list of token id
-    sequences, on which the cost is measured as the mean KL divergence). `save_kwargs` go to
+    no `hf_outheads`, no remote code. `approximate=True` allows dropping an output bias or a soft
+    cap the family cannot hold (it needs `texts` with the tokenizer, or `input_ids`: a list of token
+    id sequences, on which the cost is measured as the mean KL divergence). `save_kwargs` go to
     `save_pretrained` (e.g. `max_shard_size`). A non-empty `path` is refused unless `overwrite`, and
     so is a `path` that is, contains or lies inside the folder the model was loaded from; the export
     is written to a sibling folder and then swapped in whole (`folders.staged_folder`), so `path`
@@ -151,7 +172,7 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
     was_training = model.training
     model.eval()
     try:
-        plain, exact = build_plain(model, approximate)
+        plain, dropped = build_plain(model, approximate)
         kl = mean_kl(model, plain, sequences) if sequences else None
     finally:
         model.train(was_training)
@@ -162,7 +183,7 @@ def export_plain(model, path, tokenizer=None, *, approximate: bool = False, text
         plain.save_pretrained(written, **save_kwargs)
         if tokenizer is not None:
             tokenizer.save_pretrained(written)
-        result = PlainExport(path, type(plain).__name__, exact, kl)
+        result = PlainExport(path, type(plain).__name__, not dropped, kl, dropped)
         card = build_plain_model_card(model, result, repo_id or os.path.abspath(path), license=license, tokenizer=tokenizer is not None)
         card.save(os.path.join(written, "README.md"))
     return result

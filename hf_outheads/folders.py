@@ -3,9 +3,10 @@ never a source. A target that is, contains or lies inside a folder or file the c
 (`check_target`: resolved paths, symlinks followed) is refused before anything is written. A folder
 written whole (`staged_folder`) is written beside the target and then swapped in, so the target
 holds either its old content or the complete new one, and nothing but the target and the staging
-folders beside it is touched. A model saved over an earlier save (`save_then_swap`) is written
-inside it first and moved in once complete, and its code files are its runtime alone
-(`runtime_code_only`).
+folders beside it is touched; without leave to replace the target, a target that another writer
+filled after the check is refused at the swap, left as it is. A model saved over an earlier save
+(`save_then_swap`) is written inside it first and moved in once complete, and its code files are
+its runtime alone (`runtime_code_only`).
 """
 
 from __future__ import annotations
@@ -84,9 +85,11 @@ def _exchange(a: Path, b: Path) -> bool:
 def staged_folder(target, *, overwrite: bool = False, sources=(), overwrite_hint: str = "pass overwrite=True"):
     """Write a folder whole: yields a new empty folder beside `target` (resolved, `check_target`
     against `sources`), which replaces `target` once the block ends without an error. A non-empty
-    `target` is refused (`not_empty`) unless `overwrite`. Where the system can (Linux), the old and
-    new folders are exchanged in one rename; elsewhere the old one is renamed aside first.
-    `writable_target` says what is refused."""
+    `target` is refused (`not_empty`) unless `overwrite`, when it is checked and again when the new
+    folder is renamed in (`_move_in`): a `target` that another writer filled meanwhile is refused
+    then, untouched. With `overwrite`, where the system can (Linux), the old and new folders are
+    exchanged in one rename; elsewhere the old one is renamed aside first. `writable_target` says
+    what is refused."""
     folder = writable_target(target, overwrite=overwrite, sources=sources, overwrite_hint=overwrite_hint)
     folder.parent.mkdir(parents=True, exist_ok=True)
     written = Path(tempfile.mkdtemp(prefix=f".{folder.name}.staging-", dir=folder.parent))
@@ -95,8 +98,8 @@ def staged_folder(target, *, overwrite: bool = False, sources=(), overwrite_hint
     os.chmod(written, 0o777 & ~umask)  # as a folder made by makedirs (mkdtemp's is private)
     try:
         yield written
-        if not folder.exists():
-            os.replace(written, folder)
+        if not overwrite or not folder.exists():
+            _move_in(written, folder, overwrite_hint)
         elif _exchange(written, folder):  # `written` now holds the old folder, removed below
             pass
         else:
@@ -106,6 +109,27 @@ def staged_folder(target, *, overwrite: bool = False, sources=(), overwrite_hint
             shutil.rmtree(old)
     finally:
         shutil.rmtree(written, ignore_errors=True)
+
+
+def _move_in(written: Path, folder: Path, overwrite_hint: str) -> None:
+    """Rename `written` to `folder`, which must be absent or an empty folder: in one step where the
+    system renames onto an empty folder and refuses a non-empty one (POSIX), so that a `folder` that
+    another writer filled since it was checked is refused (`not_empty`, a FileExistsError) and left
+    as it is; where the system renames onto no existing folder (Windows), the empty one is removed
+    first."""
+    try:
+        os.rename(written, folder)
+    except OSError as error:
+        refused = not_empty(folder, overwrite_hint)
+        if refused:
+            raise FileExistsError(refused) from None
+        if not isinstance(error, FileExistsError):
+            raise
+        try:
+            os.rmdir(folder)  # empty: a rename cannot replace it here
+            os.rename(written, folder)
+        except OSError:  # filled in between
+            raise FileExistsError(not_empty(folder, overwrite_hint) or str(error)) from None
 
 
 # weight files of a save_pretrained folder (safetensors or torch, sharded or not, with their index)

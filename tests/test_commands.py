@@ -171,7 +171,7 @@ BAD_COMMAND_LINES = [
     (["train", "--config", "training/configs/quickstart_lm.yaml", "--head_type", "doc", "--head_options",
       "{components: [[5, 2]]}"], r"The gpt2-tiny model cannot be built with these options: Head 'doc': layer 5 does not"),
     (["export", "--bad"], r"hf-outheads export: error: "),
-    (["export", "run", "out", "--approximate"], r"--approximate measures what dropping the bias costs on --text-file"),
+    (["export", "run", "out", "--approximate"], r"--approximate measures what it drops costs on --text-file FILE: give it"),
     (["mtp-distill", "--bad"], r"hf-outheads mtp-distill: error: "),
     (["mtp-distill", "run", "--output_dir", "out", "--prompts", "0"], r"Option prompts must be an integer >= 1, got 0"),
     (["quickstart", "--bad"], r"Unknown option\(s\) \['--bad'\] in the command line"),

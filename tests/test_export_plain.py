@@ -9,6 +9,7 @@ import dataclasses
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -293,3 +294,120 @@ def test_command_line(tmp_path):
                    str(tmp_path / "sample.txt")])
     assert report["architecture"] == "LlamaForCausalLM" and not report["exact"] and report["mean_kl"] > 0
     assert (tmp_path / "out" / "tokenizer.json").is_file()
+
+
+def suggested_flags(message: str, given=()) -> list[str]:
+    """The command-line options a refusal names (`--text-file FILE` with its argument) besides those `given`."""
+    return [flag for flag in re.findall(r"--[a-z][\w-]*(?: FILE)?", message.split(" (`")[0])
+            if flag.split()[0] not in given]
+
+
+def test_every_fix_an_export_refusal_names_works(tmp_path):
+    """Each refusal of `hf-outheads export` that names a fix (an option to add, a training option, a
+    file to give) is followed as written, and the export then succeeds. Issue 56 item 5: a Llama model
+    trained with `logit_softcap` was told `--approximate --text-file FILE`, which refused the same way."""
+    from transformers import Gemma2Config
+
+    from hf_outheads.training.export import main
+
+    sample = tmp_path / "sample.txt"
+    sample.write_text("w5 w6 w7 w8\n\nw9 w10 w11\n")
+    saved = iter(range(100))
+
+    def trained(model, tokenizer: bool = True):
+        folder = tmp_path / f"trained{next(saved)}"
+        model.save_pretrained(folder)
+        if tokenizer:
+            word_tokenizer().save_pretrained(folder)
+        return folder
+
+    def refused(*argv) -> str:
+        with pytest.raises(SystemExit) as error:
+            main([str(a) for a in argv])
+        assert error.value.code == 2
+        return str(error.value)
+
+    def export(*argv) -> dict:
+        out = tmp_path / f"out{next(saved)}"
+        return main([str(a) for a in (argv[0], out, *argv[1:])])
+
+    def follow(message: str, folder, *argv) -> dict:
+        """The export again with the options the refusal names added (FILE: the sample text)."""
+        flags = [part for flag in suggested_flags(message, argv) for part in flag.replace(" FILE", f" {sample}").split()]
+        return export(folder, *argv, *flags)
+
+    approximate = ["--approximate", "--text-file FILE"]
+    # an output bias Llama cannot hold: train without it, or --approximate --text-file FILE
+    biased = trained(perturb(tiny_model("llama", "drill")))
+    said = refused(biased, tmp_path / "x")
+    assert "Train with head_options={'output_bias': False}" in said and suggested_flags(said) == approximate
+    report = follow(said, biased)
+    assert not report["exact"] and report["dropped"] == ["the head's per-word output bias"] and report["mean_kl"] > 0
+    assert export(trained(perturb(tiny_model("llama", "drill", {"output_bias": False}))))["exact"]
+    # a soft cap Llama has no field for: train without it or on Gemma 2/3, or --approximate --text-file FILE
+    capped_model = perturb(tiny_model("llama", "linear", {"logit_softcap": 30.0, "output_bias": False}), scale=1.0)
+    capped = trained(capped_model)
+    said = refused(capped, tmp_path / "x")
+    assert said.startswith("Not exported: The 'llama' family's LM head applies no soft cap") and \
+        "Train without logit_softcap (or on a family that holds a cap: Gemma 2/3)" in said
+    assert suggested_flags(said) == approximate
+    report = follow(said, capped)
+    assert not report["exact"] and report["dropped"] == ["the head's soft cap of its scores at 30"]
+    assert report["mean_kl"] > 1e-3
+    plain = AutoModelForCausalLM.from_pretrained(report["path"]).eval()
+    ids = inputs_for("llama")[0]["input_ids"]
+    with torch.no_grad():
+        want, got = capped_model(input_ids=ids).logits, plain(input_ids=ids).logits
+    torch.testing.assert_close(30.0 * torch.tanh(got / 30.0), want, rtol=1e-5, atol=1e-5)  # the cap, dropped
+    assert torch.equal(got.argmax(-1), want.argmax(-1))  # the cap keeps the scores' order
+    card = (Path(report["path"]) / "README.md").read_text()
+    assert "has no place for the head's soft cap of its scores at 30, so the export leaves it out" in card
+    assert export(trained(perturb(tiny_model("llama", "linear", {"output_bias": False}))))["exact"]
+    gemma = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+    torch.manual_seed(0)
+    report = export(trained(OutHeadsForCausalLM(OutHeadsConfig(text_config=gemma, head_type="linear", head_options={
+        "logit_softcap": 15.0, "output_bias": False}))))
+    assert report["exact"] and report["architecture"] == "Gemma2ForCausalLM"
+    # both: --approximate drops both
+    both = trained(perturb(tiny_model("llama", "drill", {"logit_softcap": 30.0})))
+    report = follow(refused(both, tmp_path / "x"), both)
+    assert report["dropped"] == ["the head's soft cap of its scores at 30", "the head's per-word output bias"]
+    assert "has no place for the head's soft cap of its scores at 30 nor for the head's per-word output bias, so the " \
+           "export leaves them out" in (Path(report["path"]) / "README.md").read_text()
+    # a joint head with a tanh context: activation 'identity', or form 'output' or 'bilinear'; no --approximate
+    joint = trained(tiny_model("gpt2", "joint", {"joint_dim": 16, "activation": "tanh", "output_bias": False}))
+    said = refused(joint, tmp_path / "x", "--approximate", "--text-file", sample)
+    assert "Train with activation 'identity' (the default), or form 'output' or 'bilinear'" in said
+    assert suggested_flags(said) == []
+    for options in ({"joint_dim": 16, "activation": "identity"}, {"activation": "tanh", "form": "output"},
+                    {"activation": "tanh", "form": "bilinear"}):
+        assert export(trained(perturb(tiny_model("gpt2", "joint", {"output_bias": False, **options}))))["exact"], options
+    # a mixture: served with hf_outheads; no option of the export's
+    mixture = trained(tiny_model("gpt2", "mos", HEAD_CASES["mos"]))
+    said = refused(mixture, tmp_path / "x", "--approximate", "--text-file", sample)
+    assert "Serve the model with hf_outheads" in said and suggested_flags(said) == []
+    assert AutoModelForCausalLM.from_pretrained(mixture).config.head_type == "mos"
+    # a folder that is not empty: --overwrite
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "old.txt").write_text("old")
+    plain = trained(tiny_model("gpt2", "tied", {"output_bias": False}))
+    said = refused(plain, full)
+    assert suggested_flags(said) == ["--overwrite"]
+    assert main([str(plain), str(full), *suggested_flags(said)])["exact"] and not (full / "old.txt").exists()
+    # --approximate without its text: --text-file FILE
+    said = refused(plain, tmp_path / "x", "--approximate")
+    assert suggested_flags(said, ["--approximate"]) == ["--text-file FILE"]
+    assert follow(said, plain, "--approximate")["mean_kl"] < 1e-6
+    # a text file without text: a file of lines of text
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    said = refused(plain, tmp_path / "x", "--approximate", "--text-file", tmp_path / "blank.txt")
+    assert "holds no text: give a few lines of the text the model will serve" in said
+    assert export(plain, "--approximate", "--text-file", sample)["mean_kl"] < 1e-6
+    # a text file and no tokenizer to read it with: save the tokenizer there
+    bare = trained(perturb(tiny_model("llama", "drill")), tokenizer=False)
+    said = refused(bare, tmp_path / "x", "--approximate", "--text-file", sample)
+    assert "holds none: save the tokenizer the model was trained with there (tokenizer.save_pretrained)" in said
+    word_tokenizer().save_pretrained(bare)
+    assert export(bare, "--approximate", "--text-file", sample)["mean_kl"] > 0

@@ -422,6 +422,64 @@ def test_a_folder_is_swapped_in_whole_or_not_at_all(tmp_path, monkeypatch, excha
     assert sorted(p.name for p in tmp_path.iterdir()) == ["target"] and [p.name for p in target.iterdir()] == ["new.txt"]
 
 
+@pytest.mark.parametrize("system", ["posix", "windows"])
+@pytest.mark.parametrize("exchange", [True, False], ids=["one rename", "renamed aside first"])
+@pytest.mark.parametrize("start", ["absent", "empty"])
+def test_a_folder_filled_by_another_writer_meanwhile_is_refused_at_the_swap(tmp_path, monkeypatch, system, exchange,
+                                                                            start):
+    """Two writers into one new (or empty) folder, neither told to overwrite: the one that swaps in
+    second is refused, naming what is there, and leaves the first one's folder as it is and nothing beside it.
+    `windows`: a system whose rename never replaces an existing folder (the empty one is removed first)."""
+    from hf_outheads import folders
+    from hf_outheads.folders import staged_folder
+
+    if not exchange:
+        monkeypatch.setattr(folders, "_exchange", lambda a, b: False)
+    if system == "windows":
+        rename = os.rename
+
+        def rename_onto_nothing(source, destination):
+            if os.path.exists(destination):
+                raise FileExistsError(17, "Cannot create a file when that file already exists", str(destination))
+            rename(source, destination)
+
+        monkeypatch.setattr(folders.os, "rename", rename_onto_nothing)
+    target = tmp_path / "target"
+    if start == "empty":
+        target.mkdir()
+    with pytest.raises(FileExistsError, match=r"target is not empty \(1 entries: first.txt\).*pass --overwrite"):
+        with staged_folder(target, overwrite_hint="pass --overwrite") as written:
+            (written / "second.txt").write_text("second")
+            with staged_folder(target) as first:  # the other writer, done meanwhile
+                (first / "first.txt").write_text("first")
+    assert [p.name for p in tmp_path.iterdir()] == ["target"] and [p.name for p in target.iterdir()] == ["first.txt"]
+    with staged_folder(tmp_path / "new") as written:  # and alone, it is written as before
+        (written / "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "target"]
+
+
+def test_two_exports_into_one_new_folder_at_once_leave_the_first_and_refuse_the_second(trained, tmp_path, monkeypatch):
+    from hf_outheads import export_plain
+
+    out, _ = trained
+    target = tmp_path / "plain"
+    card = export_plain.build_plain_model_card
+
+    def meanwhile_another_export(*args, **kwargs):  # the other export finishes while this one writes its card
+        monkeypatch.setattr(export_plain, "build_plain_model_card", card)
+        export_cli(out, target)
+        (target / "first.txt").write_text("the first export's")
+        return card(*args, **kwargs)
+
+    monkeypatch.setattr(export_plain, "build_plain_model_card", meanwhile_another_export)
+    with pytest.raises(SystemExit, match=rf"^Not exported: {re.escape(str(target))} is not empty \(.*first.txt.*"
+                                         "--overwrite") as refused:
+        export_cli(out, target)
+    assert refused.value.code == 2
+    assert (target / "first.txt").is_file() and (target / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["plain"]  # no staging folder left
+
+
 # a run or the quickstart writing into what it reads (issue 47: the rule of every command)
 def test_a_run_and_the_quickstart_never_write_into_what_they_read(tmp_path, capsys):
     from hf_outheads.training.quickstart import main as quickstart

@@ -472,6 +472,22 @@ def test_a_data_file_without_text_is_named_and_nothing_is_written(tmp_path, caps
     (tmp_path / "some.jsonl").write_text('{"text": "some text here"}\n')
     said = refused(f"--data_files={{train: {tmp_path / 'records.jsonl'}, validation: {tmp_path / 'some.jsonl'}}}")
     assert said.startswith(f"train.py: error: {tmp_path / 'records.jsonl'}, line 3: field 'text' is missing or not text")
+    # streamed: the same line, before a tokenizer is trained on the blank lines or a step runs on end-of-text alone
+    from hf_outheads.training.tokenization import train_tokenizer
+
+    train_tokenizer(["some text here"] * 3, "wordlevel", 20, 1).save_pretrained(tmp_path / "saved")
+    for kind, split in (("bpe", "train"), ("wordlevel", "train"), (tmp_path / "saved", "train"),
+                        (tmp_path / "saved", "validation")):
+        files = {"train": tmp_path / "some.txt", "validation": tmp_path / "some.txt", split: tmp_path / "empty.txt"}
+        assert refused("--streaming=true", f"--tokenizer={kind}", f"--data_files={{train: {files['train']}, "
+                       f"validation: {files['validation']}}}") == (
+            f"train.py: error: The {split!r} split holds no text: field 'text' is empty or blank in each of its 3 "
+            f"records ({tmp_path / 'empty.txt'}). Give data with text.")
+    (tmp_path / "short.txt").write_text("some text\n")  # text, but less than a block
+    assert refused("--streaming=true", f"--tokenizer={tmp_path / 'saved'}", f"--data_files={{train: "
+                   f"{tmp_path / 'short.txt'}, validation: {tmp_path / 'some.txt'}}}") == (
+        f"train.py: error: The training split ({tmp_path / 'short.txt'}) has no example after tokenisation (fewer than "
+        "block_size=32 tokens).")
 
 
 # lengths against the backbone's positions (issue 47, item 11)

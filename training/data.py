@@ -173,12 +173,37 @@ def not_text(options, split_name: str, column: str, index: int, value) -> ValueE
                       "the text with text_column / source_column / target_column.")
 
 
+def no_text(options, split_name: str, column: str, records: int) -> ValueError:
+    files = options.data.data_files.get(split_name)
+    return ValueError(f"The {split_name!r} split holds no text: field {column!r} is empty or blank in each of its "
+                      f"{records} records{f' ({files})' if files else ''}. Give data with text.")
+
+
+def first_text(split, options, split_name: str, columns: list[str]) -> None:
+    """Read a stream until each of `columns` has held non-blank text: a ValueError when it ends
+    before (`no_text`), or when a record read until then misses a field or holds no string there
+    (`not_text`)."""
+    blank, records = list(columns), 0
+    for records, record in enumerate(split, 1):
+        for column in columns:
+            if not isinstance(record.get(column), str):
+                raise not_text(options, split_name, column, records - 1, record.get(column))
+        blank = [column for column in blank if not record[column].strip()]
+        if not blank:
+            return
+    raise no_text(options, split_name, blank[0], records)
+
+
 def checked_records(split, options, split_name: str):
-    """`split`, each record of which holds a string in the run's text columns (`text_columns`): a
-    Dataset is checked now, and must hold some non-blank text; a stream as it is read. A ValueError
-    names the file and line (or the record) and the field."""
+    """`split`, each record of which holds a string in the run's text columns (`text_columns`), and
+    which holds some non-blank text in each: a Dataset is checked now; a stream is read now up to its
+    first text (`first_text`), and its records are checked as it is read. A ValueError names the file
+    and line (or the record) and the field."""
     columns = text_columns(options, split)
     if isinstance(split, IterableDataset):
+        if columns:
+            first_text(split, options, split_name, columns)
+
         def check(batch, indices):
             for column in columns:
                 for value, index in zip(batch[column], indices):
@@ -197,9 +222,7 @@ def checked_records(split, options, split_name: str):
         if missing >= 0:
             raise not_text(options, split_name, column, missing, None)
         if len(values) and not pc.max(pc.utf8_length(pc.utf8_trim_whitespace(values))).as_py():  # (none: 'is empty')
-            files = options.data.data_files.get(split_name)
-            raise ValueError(f"The {split_name!r} split holds no text: field {column!r} is empty or blank in each of its "
-                             f"{len(values)} records{f' ({files})' if files else ''}. Give data with text.")
+            raise no_text(options, split_name, column, len(values))
     return split
 
 
@@ -277,11 +300,15 @@ def as_examples(split, tokenizer, options):
 
 
 def tokenised_splits(train, validation, tokenizer, options):
+    """The run's examples of both splits (`as_examples`); a ValueError when one has none (a stream:
+    its first is read now)."""
     train, validation = as_examples(train, tokenizer, options), as_examples(validation, tokenizer, options)
-    for name, split in (("training", train), ("validation", validation)):
-        if isinstance(split, Dataset) and len(split) == 0:
-            raise ValueError(f"The {name} split has no example after tokenisation"
-                             + (f" (fewer than block_size={options.data.block_size} tokens)."
+    data = options.data
+    for name, split, files in (("training", train, data.data_files.get(data.train_split)),
+                               ("validation", validation, data.data_files.get(data.validation_split))):
+        if len(split) == 0 if isinstance(split, Dataset) else next(iter(split), None) is None:
+            raise ValueError(f"The {name} split{f' ({files})' if files else ''} has no example after tokenisation"
+                             + (f" (fewer than block_size={data.block_size} tokens)."
                                 if options.model.task == "causal_lm" else "."))
     return train, validation
 

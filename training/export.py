@@ -8,8 +8,9 @@ the stock architectures (vLLM, TGI, llama.cpp converters, quantizers):
 `trained_dir` is a folder, or a Hub repo id (`namespace/name`) when no folder of that name exists
 and it does not look like a local path (`looks_local`). Exact for `tied`, `linear`, `bilinear`, `drill` and `joint` with identity activation, where the
 head has no output bias or the family holds one (BART, Marian); see the README's "Serving".
-`--approximate` drops a bias the family cannot hold and prints the mean KL divergence from the
-trained model on the lines of `--text-file`. Prints what was written, as JSON.
+`--approximate` drops what the family's class cannot hold (an output bias, a soft cap) and prints
+the mean KL divergence from the trained model on the lines of `--text-file`. Prints what was
+written, as JSON.
 """
 
 from __future__ import annotations
@@ -86,32 +87,43 @@ def main(argv=None) -> dict:
     parser.add_argument("trained_dir", help="folder of a trained hf_outheads model (save_pretrained)")
     parser.add_argument("out_dir", help="folder to write the plain transformers model to")
     parser.add_argument("--approximate", action="store_true",
-                        help="drop an output bias the backbone's class cannot hold (needs --text-file)")
+                        help="drop an output bias or a soft cap the backbone's class cannot hold (needs --text-file)")
     parser.add_argument("--text-file", help="text, one sequence per line, on which to measure the mean KL divergence "
                                             "(needed by --approximate)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace out_dir when it is not empty (the whole folder, swapped in once written)")
     args = parser.parse_args(argv)
     if args.approximate and not args.text_file:
-        parser.error("--approximate measures what dropping the bias costs on --text-file FILE: give it.")
+        parser.error("--approximate measures what it drops costs on --text-file FILE: give it.")
     if args.text_file and not Path(args.text_file).is_file():
         parser.error(f"--text-file {args.text_file}: no such file.")
+    texts = None
+    if args.text_file:
+        texts = [line for line in Path(args.text_file).read_text(errors="replace").splitlines() if line.strip()]
+        if not texts:
+            parser.error(f"--text-file {args.text_file} holds no text: give a few lines of the text the model will "
+                         "serve.")
     try:  # before the model is loaded; export_plain checks again (the same rule) as it writes
         writable_target(args.out_dir, overwrite=args.overwrite, sources=[args.trained_dir],
                         overwrite_hint="pass --overwrite")
     except (FileExistsError, TargetIsSource) as error:
         raise refuse(f"Not exported: {error}") from None
     model, tokenizer = load(args.trained_dir)
-    texts = None
-    if args.text_file:
-        texts = [line for line in Path(args.text_file).read_text(errors="replace").splitlines() if line.strip()]
+    if texts and tokenizer is None:
+        raise refuse(f"Not exported: --text-file is read with the model's tokenizer, and {args.trained_dir} holds "
+                     "none: save the tokenizer the model was trained with there (tokenizer.save_pretrained) and export "
+                     "again.")
+    from hf_outheads.export_plain import NotExact
+
     try:
         result = model.export_plain(args.out_dir, tokenizer, approximate=args.approximate, texts=texts,
                                     overwrite=args.overwrite, license=card_license(args.trained_dir))
     except (FileExistsError, TargetIsSource) as error:
         raise refuse(f"Not exported: {error}") from None
-    except ValueError as error:
+    except NotExact as error:  # what --approximate drops
         raise refuse(f"Not exported: {error} (Here: --approximate --text-file FILE.)") from None
+    except ValueError as error:  # no plain form (the head says why)
+        raise refuse(f"Not exported: {error}") from None
     report = dataclasses.asdict(result)
     print(json.dumps(report))
     return report

@@ -229,13 +229,16 @@ def main(argv=None):
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     examples = greedy_examples(model, prompts, settings.new_tokens, settings.batch_size, pad, tokenizer.eos_token_id)
     del model
-    with staged_folder(args.output_dir, sources=sources, **target) as written:
-        try:
-            result = distill(run, examples, written, settings)
-        except ValueError as error:  # what stops train.py's run: its input, a bad batch, a non-finite loss
-            raise refuse(f"{program(__file__)}: error: {error}") from None
-        result = {"run": str(run), "overwrite": args.overwrite, **dataclasses.asdict(settings), **result}
-        (written / "distill.json").write_text(json.dumps(result, indent=1) + "\n")
+    try:
+        with staged_folder(args.output_dir, sources=sources, **target) as written:
+            try:
+                result = distill(run, examples, written, settings)
+            except ValueError as error:  # what stops train.py's run: its input, a bad batch, a non-finite loss
+                raise refuse(f"{program(__file__)}: error: {error}") from None
+            result = {"run": str(run), "overwrite": args.overwrite, **dataclasses.asdict(settings), **result}
+            (written / "distill.json").write_text(json.dumps(result, indent=1) + "\n")
+    except FileExistsError as error:  # output_dir filled by another writer since it was checked
+        raise refuse(f"{program(__file__)}: error: {error}") from None
     print(json.dumps(result))
 
 
