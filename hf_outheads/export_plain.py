@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
-from .backbones import hidden_scale, logit_transform, with_logit_softcap
+from .backbones import EXPORT_ALIASES, hidden_scale, logit_transform, with_logit_softcap
 from .conversion import backbone_state_dict, load_backbone_state_dict, output_bias_slots, write_lm_head
 from .folders import staged_folder
 from .head_catalog import HEAD_CLASSES
@@ -66,13 +66,16 @@ def _scaled(weight: torch.Tensor, factor: float) -> torch.Tensor:
 
 def plain_config(model, weight: torch.Tensor):
     """(config of the plain class, its output matrix): the backbone config with the head's soft cap
-    (`with_logit_softcap`, where it differs from the family's), tied when the output matrix (times
-    `hidden_scale` and the head's logit scale, each over the family's own) is E, else untied."""
+    (`with_logit_softcap`, where it differs from the family's) and the family's `EXPORT_ALIASES`, tied
+    when the output matrix (times `hidden_scale` and the head's logit scale, each over the family's
+    own) is E, else untied."""
     embeddings = model.output_embedding_matrix().detach()
     scale, cap = model.head.logit_transform()
     for tie in (True, False):
         config = copy.deepcopy(model.config.text_config)
         config.tie_word_embeddings = tie
+        for alias, field in EXPORT_ALIASES.get(config.model_type, {}).items():
+            setattr(config, alias, getattr(config, field))
         if cap != logit_transform(config)[1]:
             with_logit_softcap(config, cap)
         factor = model.config.hidden_scale / hidden_scale(config) * scale / logit_transform(config)[0]
