@@ -43,7 +43,7 @@ import lm_eval
 from lm_eval.tasks import TaskManager
 
 tasks, out, folders = sys.argv[1], sys.argv[2], sys.argv[3:]
-manager = TaskManager(include_path=tasks)
+manager = TaskManager(include_path=tasks, include_defaults=False)  # the local task alone: no index of lm_eval's own
 scores = {}
 for folder in folders:
     result = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},trust_remote_code=True",
