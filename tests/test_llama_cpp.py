@@ -33,6 +33,7 @@ from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
 from hf_outheads.training.tokenization import train_tokenizer
 from subprocess_runs import run
 from tiny import tiny_config
+from tools import gguf_convert
 
 VERSION = "0.3.36"  # llama-cpp-python, whose sdist vendors llama.cpp
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,8 +42,6 @@ TREE = CACHE / f"llama-cpp-python-{VERSION}" / "llama.cpp"
 CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # what the converter reads of the tree
 TEXTS = [f"the quick brown fox jumps over the lazy dog {i} times, said Ada" for i in range(50)]
 
-pytestmark = pytest.mark.downloads(f"llama-cpp-python=={VERSION}'s source distribution from PyPI, for llama.cpp's "
-                                   "convert_hf_to_gguf.py")
 
 # HF name (per layer: after `model.layers.N.` / `transformer.h.N.`, which become `blk.N.`) -> GGUF name
 NAMES = {
@@ -123,6 +122,8 @@ CASES = {  # family -> head (no output bias), tokenizer, converter command befor
 }
 
 
+@pytest.mark.downloads(f"llama-cpp-python=={VERSION}'s source distribution from PyPI, for llama.cpp's "
+                       "convert_hf_to_gguf.py")
 @pytest.mark.parametrize("family", CASES)
 def test_a_plain_export_converts_to_gguf_with_every_tensor(family, tmp_path):
     from gguf import GGUFReader
@@ -152,3 +153,17 @@ def test_a_plain_export_converts_to_gguf_with_every_tensor(family, tmp_path):
     assert fields["general.architecture"] == family
     assert fields[f"{family}.context_length"] == 64  # GPT-2's from the export's n_ctx
     assert fields["tokenizer.ggml.tokens"] == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+
+
+def test_gguf_convert_refuses_a_missing_tree_or_tokenizer_in_one_line(tmp_path, capsys):
+    (tmp_path / "llama.cpp" / "conversion").mkdir(parents=True)
+    (tmp_path / "llama.cpp" / "convert_hf_to_gguf.py").touch()
+    (tmp_path / "llama.cpp" / "conversion" / "base.py").touch()
+    (tmp_path / "plain").mkdir()
+    for args, said in [([], "usage: python -m tools.gguf_convert LLAMA_CPP_DIR PLAIN_DIR"),
+                       ([str(tmp_path), str(tmp_path / "plain")], "has no convert_hf_to_gguf.py with its conversion/"),
+                       ([str(tmp_path / "llama.cpp"), str(tmp_path / "plain")], "has no tokenizer.json: export with")]:
+        with pytest.raises(SystemExit) as refused:
+            gguf_convert.main(args)
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err

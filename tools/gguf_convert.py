@@ -11,6 +11,7 @@ BPE tokenizer's pre-tokenizer only by a hash of known tokenizers' output and ref
 converter recognises none and the tokenizer splits text as GPT-2's does (a `ByteLevel`
 pre-tokenizer with GPT-2's pattern, no prefix space, no normaliser), its pre-tokenizer is named
 `gpt-2`, which llama.cpp implements. Any other unrecognised tokenizer is refused as before.
+Usage errors (no such tree, no tokenizer in the export) exit with status 2 and one line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import os
 import runpy
 import sys
 from pathlib import Path
+
+from hf_outheads.training.command_line import refuse
+
+USAGE = "usage: python -m tools.gguf_convert LLAMA_CPP_DIR PLAIN_DIR [convert_hf_to_gguf.py options]"
 
 
 def splits_as_gpt2(folder: Path) -> bool:
@@ -33,14 +38,14 @@ def splits_as_gpt2(folder: Path) -> bool:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[0].startswith("-"):
-        sys.exit("usage: python -m tools.gguf_convert LLAMA_CPP_DIR PLAIN_DIR [convert_hf_to_gguf.py options]")
+        raise refuse(USAGE)
     llama_cpp, plain = Path(args[0]), Path(args[1])
     script = llama_cpp / "convert_hf_to_gguf.py"
     if not (script.is_file() and (llama_cpp / "conversion" / "base.py").is_file()):
-        sys.exit(f"gguf_convert: {llama_cpp} has no convert_hf_to_gguf.py with its conversion/ package: give a "
+        raise refuse(f"gguf_convert: {llama_cpp} has no convert_hf_to_gguf.py with its conversion/ package: give a "
                  "llama.cpp source tree (a checkout, or vendor/llama.cpp of llama-cpp-python's sdist)")
     if not (plain / "tokenizer.json").is_file():
-        sys.exit(f"gguf_convert: {plain} has no tokenizer.json: export with the tokenizer "
+        raise refuse(f"gguf_convert: {plain} has no tokenizer.json: export with the tokenizer "
                  "(`model.export_plain(path, tokenizer)`, `hf-outheads export` writes the run's)")
     sys.path.insert(0, str(llama_cpp))
     if "NO_LOCAL_GGUF" not in os.environ:  # the tree's own gguf package, as the script imports it
