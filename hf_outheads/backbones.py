@@ -59,6 +59,11 @@ UNREPRESENTABLE: dict[str, tuple[str | None, str]] = {
 # per-word output bias added to the logits (BART, mBART, Marian, Pegasus, Blenderbot).
 OUTPUT_BIAS_BUFFERS = ("final_logits_bias",)
 
+# model_type -> {field: the field whose value it repeats}: config fields a plain export (`export_plain`) also writes,
+# under the name that tools reading the family's original checkpoints look for: llama.cpp's convert_hf_to_gguf.py
+# reads GPT-2's context length from `n_ctx` (GPT-2's own config.json has it; transformers 5's GPT2Config does not).
+EXPORT_ALIASES: dict[str, dict[str, str]] = {"gpt2": {"n_ctx": "n_positions"}}
+
 # Config attributes naming the embedding width d when it differs from hidden_size.
 EMBED_WIDTH_ATTRIBUTES = ("embedding_size", "word_embed_proj_dim")
 # model_type -> attribute naming the width of the final hidden state when the backbone

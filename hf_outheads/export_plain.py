@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
-from .backbones import hidden_scale, logit_transform, with_logit_softcap
+from .backbones import EXPORT_ALIASES, hidden_scale, logit_transform, with_logit_softcap
 from .conversion import backbone_state_dict, load_backbone_state_dict, output_bias_slots, write_lm_head
 from .folders import staged_folder
 from .head_catalog import HEAD_CLASSES
@@ -75,9 +75,10 @@ def _scaled(weight: torch.Tensor, factor: float) -> torch.Tensor:
 
 def plain_config(model, weight: torch.Tensor, approximate: bool = False):
     """(config of the plain class, its output matrix, what it drops): the backbone config with the
-    head's soft cap (`with_logit_softcap`, where it differs from the family's), tied when the output
-    matrix (times `hidden_scale` and the head's logit scale, each over the family's own) is E, else
-    untied. A cap the family has no field for is a `NotExact`, or, `approximate`, dropped."""
+    head's soft cap (`with_logit_softcap`, where it differs from the family's) and the family's
+    `EXPORT_ALIASES`, tied when the output matrix (times `hidden_scale` and the head's logit scale, each
+    over the family's own) is E, else untied. A cap the family has no field for is a `NotExact`, or,
+    `approximate`, dropped."""
     embeddings = model.output_embedding_matrix().detach()
     scale, cap = model.head.logit_transform()
     capped, dropped = copy.deepcopy(model.config.text_config), []
@@ -94,6 +95,8 @@ def plain_config(model, weight: torch.Tensor, approximate: bool = False):
     for tie in (True, False):
         config = copy.deepcopy(capped)
         config.tie_word_embeddings = tie
+        for alias, field in EXPORT_ALIASES.get(config.model_type, {}).items():
+            setattr(config, alias, getattr(config, field))
         factor = model.config.hidden_scale / hidden_scale(config) * scale / logit_transform(config)[0]
         output = _scaled(weight, factor)
         if not tie or output.shape == embeddings.shape and torch.equal(output, embeddings):

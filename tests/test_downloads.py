@@ -58,4 +58,4 @@ def test_every_test_that_downloads_carries_the_marker():
     calling = {p.name for p in TESTS.glob("test_*.py") if any(d in p.read_text() for d in downloaders)}
     marked = {p.name for p in TESTS.glob("test_*.py") if "pytest.mark.downloads(" in p.read_text()}
     assert calling - {Path(__file__).name} == marked - {Path(__file__).name} == {
-        "test_transformers_common.py", "test_manpages_l10n.py", "test_scale_corpus.py"}
+        "test_transformers_common.py", "test_manpages_l10n.py", "test_scale_corpus.py", "test_llama_cpp.py"}

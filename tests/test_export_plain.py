@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
 from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, get_head_class
 from hf_outheads.export_plain import plain_export_capabilities
 from head_cases import HEAD_CASES
 from subprocess_runs import run
-from tiny import ALL, SEQ2SEQ, VOCAB, model_class, tiny_config, tiny_model, tiny_original
+from tiny import ALL, SEQ2SEQ, VOCAB, model_class, perturb, tiny_config, tiny_model, tiny_original, word_tokenizer
 
 EXACT_HEADS = {head: HEAD_CASES[head] for head, exact in plain_export_capabilities().items() if exact}
 
@@ -59,16 +59,6 @@ def inputs_for(name: str, seed: int = 0) -> tuple[dict, dict]:
     if name in SEQ2SEQ:
         return {"input_ids": ids, "decoder_input_ids": torch.randint(3, VOCAB, (2, 5), generator=g)}, {"input_ids": ids}
     return {"input_ids": ids}, {"input_ids": ids[:, :4], "attention_mask": torch.ones(2, 4, dtype=torch.long)}
-
-
-@torch.no_grad()
-def perturb(model, seed: int = 0, scale: float = 0.1):
-    """Move every head parameter away from its start (the maps start at the identity, biases at
-    0), so that a dropped context map, offset or bias changes the logits."""
-    g = torch.Generator().manual_seed(seed)
-    for parameter in model.head.parameters():
-        parameter.add_(torch.randn(parameter.shape, generator=g) * scale)
-    return model
 
 
 @torch.no_grad()
@@ -141,15 +131,6 @@ def test_the_export_generates_with_a_model_set_to_draft(tmp_path):
     assert model.generation_config.use_mtp is True
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "plain").eval()
     assert torch.equal(plain.generate(prompt, **GENERATE), want)
-
-
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token="w0", eos_token="w2")
 
 
 def test_a_trained_drill_model_exports_exactly(tmp_path):

@@ -83,3 +83,24 @@ def tiny_model(name: str, head_type: str, options=None, seed: int = 0):
     torch.manual_seed(seed)
     config = OutHeadsConfig(text_config=tiny_config(name), head_type=head_type, head_options=options)
     return model_class(name)(config).eval()
+
+
+@torch.no_grad()
+def perturb(model, seed: int = 0, scale: float = 0.1):
+    """Move every head parameter away from its start (the maps start at the identity, biases at
+    0), so that a dropped context map, offset or bias changes the logits."""
+    g = torch.Generator().manual_seed(seed)
+    for parameter in model.head.parameters():
+        parameter.add_(torch.randn(parameter.shape, generator=g) * scale)
+    return model
+
+
+def word_tokenizer():
+    """A `PreTrainedTokenizerFast` of the tiny vocabulary: word `wN` is token N, split on whitespace."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token="w0", eos_token="w2")
