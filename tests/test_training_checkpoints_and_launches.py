@@ -598,6 +598,31 @@ def test_a_run_killed_while_it_finishes_leaves_no_finished_looking_folder_and_re
     monkeypatch.setattr(publish, "render_card", original)
     assert not (out / "config.json").exists() and earlier_work(out) is None
     assert not [p.name for p in out.iterdir() if p.name.startswith(".saving")]
+    (out / ".saving-killed").mkdir()  # what a finish killed outright leaves
     assert "eval_perplexity" in run(out)
     assert {"config.json", "model.safetensors", "README.md", "eval_results.json", "train_config.yaml"} <= \
-        {p.name for p in out.iterdir()}
+        {p.name for p in out.iterdir()} and not (out / ".saving-killed").exists()
+
+
+def test_a_finish_killed_while_its_files_move_in_over_a_finished_model_leaves_no_finished_looking_mix(tmp_path,
+                                                                                                     monkeypatch):
+    """Finishing over an earlier finished model (told to overwrite): its config.json goes before the new files
+    move in, so a run killed among the moves leaves no folder pairing it with the new files; the same command
+    resumes and finishes."""
+    from hf_outheads.training.safeguards import earlier_work
+
+    out = tmp_path / "out"
+    run(out)
+    original = os.replace
+
+    def killed(source, target):
+        if Path(target) == out / "model.safetensors":
+            raise KeyboardInterrupt  # as if the process died among the moves
+        original(source, target)
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(out, overwrite_output_dir=True)
+    monkeypatch.setattr(os, "replace", original)
+    assert not (out / "config.json").exists() and earlier_work(out) is None
+    assert "eval_perplexity" in run(out) and (out / "config.json").is_file()

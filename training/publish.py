@@ -2,8 +2,8 @@
 (`train_config.yaml`, which `--config` reads again), plot the training curve, write the model card (`hf_outheads.model_card.build_model_card`, with the run's data,
 procedure, results, plot, sample and citations as sections), and optionally push it all to the Hub.
 
-The finished folder appears whole: `config.json`, which marks a finished model (`safeguards.earlier_work`)
-and without which none loads, is moved in last, after everything else is written (`finish_run`). The
+The finished folder appears whole: written beside it, then moved in with `config.json`, which marks a
+finished model (`safeguards.earlier_work`) and without which none loads, last (`finish_run`). The
 card is written before any push; a push that fails (`PushFailed`) leaves the complete folder and says
 how to upload it later."""
 
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard
 
+from hf_outheads.folders import SAVING_PREFIX, package_code_files, save_then_swap
 from hf_outheads.model_card import build_model_card, citation_section, pipeline_tag
 
 from hf_outheads.training.data import BUILT_CORPORA, corpus_config
@@ -227,22 +229,29 @@ def save_card(card: ModelCard, output_dir: Path) -> None:
 
 
 def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
-    """Everything a run leaves in output_dir, `config.json` last (the model's `save_pretrained` moves it in
-    once the weights are: `hf_outheads.folders.save_then_swap`), after the tokenizer, results, options, curve
-    and card; a `config.json` of an earlier save is removed first, so that a run killed in between leaves a
-    folder that is no finished model (the same command resumes it). Prints where the card is; then pushes
-    (`publish`). `state_dict`: the full weights (`accelerator.get_state_dict`, needed when the model is
-    sharded); None: the model's."""
+    """Everything a run leaves in output_dir: the training curve, then the model, tokenizer, results,
+    options and card written beside it and moved in once all are written, `config.json` last
+    (`hf_outheads.folders.save_then_swap`; what a finish killed before left there is removed first), so that
+    a run killed while it finishes leaves no folder that looks finished (the same command resumes it). Prints
+    where the card is; then pushes (`publish`). `state_dict`: the full weights (`accelerator.get_state_dict`,
+    needed when the model is sharded); None: the model's."""
     output_dir = Path(options.training.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.json").unlink(missing_ok=True)
-    tokenizer.save_pretrained(output_dir)
-    (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
-    (output_dir / CONFIG_FILE).write_text(yaml.safe_dump(saved_options(options), sort_keys=False))
+    for stale in output_dir.glob(f"{SAVING_PREFIX}*"):  # the run holds the folder's lock: no other save is under way
+        shutil.rmtree(stale, ignore_errors=True)
     plot_training_curve(output_dir)
-    # the card as it will be pushed (`hf upload` later) when the repository is named, else loading the folder
-    save_card(render_card(model, tokenizer, options, results, output_dir, options.training.hub_model_id), output_dir)
-    model.save_pretrained(output_dir, state_dict=state_dict)
+
+    def write(folder):
+        folder = Path(folder)
+        model.save_pretrained(folder, state_dict=state_dict)
+        tokenizer.save_pretrained(folder)
+        (folder / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        (folder / CONFIG_FILE).write_text(yaml.safe_dump(saved_options(options), sort_keys=False))
+        # the card as it will be pushed (`hf upload` later) when the repository is named, else loading the folder
+        render_card(model, tokenizer, options, results, output_dir, options.training.hub_model_id).save(
+            folder / "README.md")
+
+    save_then_swap(write, output_dir, replaced=package_code_files(type(model)))
     print(summary(options, results, output_dir))
     if options.training.push_to_hub:
         publish(model, tokenizer, options, results, output_dir)
