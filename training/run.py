@@ -41,7 +41,7 @@ from hf_outheads.training.launching import (accelerator_settings, check_process_
 from hf_outheads.training.loop import train_loop
 from hf_outheads.training.modeling import (build_model, parameter_counts, position_limit, step_flops, step_tokens,
                                            train_only, without_dropout)
-from hf_outheads.training.options import RunOptions, saved_options
+from hf_outheads.training.options import RunOptions
 from hf_outheads.training.publish import PushFailed, finish_run
 from hf_outheads.training.safeguards import (EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work,
                                              release_run_locks)
