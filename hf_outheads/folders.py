@@ -136,18 +136,24 @@ def _move_in(written: Path, folder: Path, overwrite_hint: str) -> None:
 WEIGHT_FILE = re.compile(r"(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?")
 
 
+SAVING_PREFIX = ".saving-"  # the folder `save_then_swap` writes into, inside the target
+
+
 def save_then_swap(save, save_directory, replaced=frozenset()) -> None:
     """Run `save(folder)` (a `save_pretrained`) into a fresh folder inside `save_directory`, then
-    move what it wrote into `save_directory`, `config.json` last, and remove the weight files and
-    the `replaced` names (the code files a save of this model may write) of an earlier save that
-    this one did not write. A save that fails (a full disk) leaves the earlier save as it was:
+    move what it wrote into `save_directory`, `config.json` last (an earlier save's is removed before
+    the first file moves: the folder never pairs it with this save's files), and remove the weight
+    files and the `replaced` names (the code files a save of this model may write) of an earlier save
+    that this one did not write. A save that fails (a full disk) leaves the earlier save as it was:
     transformers writes `config.json` first and the weights in place."""
     save_directory = os.fspath(save_directory)
     os.makedirs(save_directory, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".saving-", dir=save_directory)
+    staging = tempfile.mkdtemp(prefix=SAVING_PREFIX, dir=save_directory)
     try:
         save(staging)
         written = sorted(os.listdir(staging), key=lambda name: name == "config.json")
+        if "config.json" in written and os.path.isfile(os.path.join(save_directory, "config.json")):
+            os.remove(os.path.join(save_directory, "config.json"))
         for name in written[:-1] if written and written[-1] == "config.json" else written:
             os.replace(os.path.join(staging, name), os.path.join(save_directory, name))
         for name in os.listdir(save_directory):

@@ -526,3 +526,44 @@ def test_a_corrupt_lock_file_is_named_with_what_to_do_and_nothing_is_written(tmp
     assert err.startswith(f"train.py: error: The lock file {out / LOCK_FILE} holds ") and err.endswith(
         f"If none is, delete {out / LOCK_FILE}."), err
     assert [p.name for p in out.iterdir()] == [LOCK_FILE] and (out / LOCK_FILE).read_text() == content
+
+
+# a push that fails after training (issue 56, item 4)
+@pytest.mark.parametrize("failing", ["create_repo", "create_commit"])
+def test_a_push_that_fails_after_training_keeps_the_card_and_says_how_to_upload_later(tmp_path, monkeypatch, capsys,
+                                                                                        failing):
+    """A Hub that answers before training and fails after it (503 on creating the repository or on the
+    upload): the folder is complete, its card written before any push; the command ends with one line saying
+    so and giving the command that uploads it later, exit status 1."""
+    import httpx2
+    import huggingface_hub
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.hf_api import RepoUrl
+
+    from hf_outheads.training.train import main
+
+    def unavailable(self, *args, **kwargs):
+        url = "https://huggingface.co/api/repos/create"
+        raise HfHubHTTPError(f"503 Server Error: Service Unavailable for url: {url}\nRetry later.",
+                             response=httpx2.Response(503, request=httpx2.Request("POST", url)))
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_x")
+    monkeypatch.setattr(HfApi, "whoami", lambda self, *args, **kwargs: {"name": "someone"})
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: RepoUrl(f"https://huggingface.co/{repo_id}"))
+    monkeypatch.setattr(HfApi, failing, unavailable)
+    out = tmp_path / "out"
+    argv = [f"--{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in TINY.items()]
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    with pytest.raises(SystemExit) as failed:
+        main([*argv, f"--output_dir={out}", "--push_to_hub=true", "--hub_model_id=someone/tiny"])
+    message = failed.value.code
+    assert isinstance(message, str) and "\n" not in message and "Traceback" not in capsys.readouterr().err
+    assert message.startswith("train.py: error: The push to the Hub failed (HfHubHTTPError: 503 Server Error")
+    assert (f"{out} is complete (model, tokenizer, card); upload it later with `hf upload someone/tiny {out} "
+            "--exclude 'checkpoints/*'`") in message
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "eval_results.json"} <= \
+        {p.name for p in out.iterdir()}
+    assert 'from_pretrained("someone/tiny")' in (out / "README.md").read_text()

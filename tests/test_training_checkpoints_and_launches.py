@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -522,3 +523,122 @@ def test_a_loss_kernel_that_cannot_run_here_is_refused_when_parsed(tmp_path, hea
                                          r"here: .*Use loss_kernel 'auto'") as refused:
         parse_args([*argv, *head_flags])
     assert refused.value.code == 2 and not (tmp_path / "out").exists()
+
+
+# a resumed run is the run it says it is (issue 56, item 1)
+@pytest.mark.parametrize("changed", [{"learning_rate": 5e-3}, {"per_device_train_batch_size": 2},
+                                     {"gradient_accumulation_steps": 2}, {"block_size": 16}])
+def test_resuming_with_an_option_that_changes_what_trains_is_refused_naming_it(tmp_path, changed):
+    """A checkpoint keeps the options it was trained with; resuming it with one that changes what trains would
+    train with both values while the record states one: refused, in one line naming the option, both values and
+    what to do, before anything is trained or written. The same command with the checkpoint's values resumes."""
+    from hf_outheads.training.train import parse_args
+
+    out, checkpoint = interrupted_run(tmp_path)
+    (name, value), = changed.items()
+    saved = RunOptions.from_flat(TINY).flat()[name]
+    expected = (rf"Resuming {re.escape(str(checkpoint))} with options other than it was trained with: {name} \(trained with "
+                rf"{saved}, given {value}\).*Give the checkpoint's values to resume it, or train anew with another "
+                r"--output_dir")
+    with pytest.raises(ValueError, match=expected):
+        run(out, **changed)
+    argv = [f"--{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in {**TINY, **changed}.items()]
+    with pytest.raises(SystemExit, match=rf"^train.py: error: {expected}") as refused:
+        parse_args([*argv, f"--output_dir={out}"])
+    assert refused.value.code == 2
+    assert not (out / "config.json").exists() and checkpoints.complete_checkpoints(out) == [checkpoint]
+    assert "eval_perplexity" in run(out, logging_steps=1, eval_steps=1)  # how the run reports may change
+
+
+def test_a_resumed_run_may_be_given_another_length_and_its_record_says_so(tmp_path, capsys):
+    """The run's length (max_steps) may change on resume: a line says so, metrics.jsonl logs the change at the
+    step it was made, and the card's training procedure states it beside the final value."""
+    out, checkpoint = interrupted_run(tmp_path)  # max_steps 4, stopped at 2
+    capsys.readouterr()
+    run(out, max_steps=6)
+    assert (f"Resuming {checkpoint} with max_steps 6 (it was trained with 4): the run goes on to its new length; "
+            "metrics.jsonl and the model card record the change.") in capsys.readouterr().out
+    resumed = [r for r in json.loads(f"[{','.join((out / 'metrics.jsonl').read_text().splitlines())}]")
+               if r.get("event") == "resume"]
+    assert resumed == [{"step": 2, "event": "resume", "checkpoint": str(checkpoint), "changed": {"max_steps": [4, 6]}}]
+    card = (out / "README.md").read_text()
+    assert "| max_steps | 6 |" in card and "Resumed at step 2 with max_steps 6 (trained until then with 4)." in card
+    assert "max_steps: 6" in (out / "train_config.yaml").read_text()
+
+
+# the launch's mixed precision (issue 56, item 2)
+def test_the_launchs_mixed_precision_applies_when_the_run_sets_none_and_a_line_says_which_won(tmp_path, monkeypatch,
+                                                                                                capsys):
+    """`accelerate launch --mixed_precision bf16` sets ACCELERATE_MIXED_PRECISION: a run that sets no
+    mixed_precision trains so, and records it; a run that sets one trains with its own, and a line says so."""
+    import yaml
+
+    seen = []
+    options = {**TINY, "max_steps": 2, "save_steps": None}
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    training_function(RunOptions.from_flat({**options, "output_dir": str(tmp_path / "launched")}),
+                      [lambda progress, times: seen.append(AcceleratorState().mixed_precision)])
+    assert seen == ["bf16", "bf16"]
+    assert yaml.safe_load((tmp_path / "launched" / "train_config.yaml").read_text())["mixed_precision"] == "bf16"
+    assert "| mixed_precision | bf16 |" in (tmp_path / "launched" / "README.md").read_text()
+    capsys.readouterr()
+    seen.clear()
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    training_function(RunOptions.from_flat({**options, "output_dir": str(tmp_path / "own"), "mixed_precision": "no"}),
+                      [lambda progress, times: seen.append(AcceleratorState().mixed_precision)])
+    assert seen == ["no", "no"]
+    assert ("mixed_precision: this run's option (no) is used, not the launch's (bf16, ACCELERATE_MIXED_PRECISION)."
+            in capsys.readouterr().out)
+
+
+# a run killed while it finishes (issue 56, item 3)
+def test_a_run_killed_while_it_finishes_leaves_no_finished_looking_folder_and_reruns(tmp_path, monkeypatch):
+    """The finished folder appears whole: config.json, which marks a finished model (`safeguards.earlier_work`)
+    and without which none loads, is moved in last, after the weights, tokenizer, results, options and card. A
+    run killed before it is not taken for a finished one: the same command again resumes it and finishes."""
+    from hf_outheads.training import publish
+    from hf_outheads.training.safeguards import earlier_work
+
+    original = publish.render_card
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as if the process died while the card was written
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(publish, "render_card", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(out)
+    monkeypatch.setattr(publish, "render_card", original)
+    assert not (out / "config.json").exists() and earlier_work(out) is None
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".saving")]
+    (out / ".saving-killed").mkdir()  # what a finish killed outright leaves
+    assert "eval_perplexity" in run(out)
+    assert {"config.json", "model.safetensors", "README.md", "eval_results.json", "train_config.yaml"} <= \
+        {p.name for p in out.iterdir()} and not (out / ".saving-killed").exists()
+
+
+def test_a_finish_killed_while_its_files_move_in_over_a_finished_model_leaves_no_finished_looking_mix(tmp_path,
+                                                                                                     monkeypatch):
+    """Finishing over an earlier finished model (told to overwrite): its config.json goes before the new files
+    move in, so a run killed among the moves leaves no folder pairing it with the new files; the same command
+    resumes and finishes."""
+    from hf_outheads.training.safeguards import earlier_work
+
+    out = tmp_path / "out"
+    run(out)
+    original = os.replace
+
+    def killed(source, target):
+        if Path(target) == out / "model.safetensors":
+            raise KeyboardInterrupt  # as if the process died among the moves
+        original(source, target)
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(out, overwrite_output_dir=True)
+    monkeypatch.setattr(os, "replace", original)
+    assert not (out / "config.json").exists() and earlier_work(out) is None
+    assert "eval_perplexity" in run(out) and (out / "config.json").is_file()

@@ -3,8 +3,9 @@ refused when they belong to another model.
 
 Layout: `output_dir/checkpoints/checkpoint_<step>/`, accelerate's `save_state` files (model
 weights as safetensors; optimizer, schedule and RNG states as `torch.save` files, loaded with
-`weights_only=True`) plus `checkpoint.json`, written last: the run's progress and the model's
-identity. A checkpoint is saved into `checkpoints/tmp-checkpoint_<step>`, completed by
+`weights_only=True`) plus `checkpoint.json`, written last: the run's progress, the model's
+identity and the options it was trained with, which a resumed run must give alike but for those
+that may change (`resume_changes`). A checkpoint is saved into `checkpoints/tmp-checkpoint_<step>`, completed by
 `checkpoint.json`, then renamed (`os.replace`); only then are the oldest complete checkpoints
 beyond `save_total_limit` (an integer >= 1, or None: all kept) deleted, never the one just saved.
 A folder without `checkpoint.json` (a save killed half-way, a stale `tmp-*`) is never resumed
@@ -23,6 +24,7 @@ import re
 import shutil
 from pathlib import Path
 
+from hf_outheads.training.options import RESUME_MAY_CHANGE, RUN_LENGTH, saved_options
 from hf_outheads.training.safeguards import disk_full_error
 
 MARKER = "checkpoint.json"
@@ -79,14 +81,38 @@ def check_identity(path: Path, saved: dict, model) -> None:
     )
 
 
+def resume_changes(path: Path, options) -> dict:
+    """{option: [trained with, given]} for the run's length (`options.RUN_LENGTH`) where `options` (resolved:
+    `launching.with_launch_precision`) give another than the checkpoint `path` was trained with; a ValueError
+    naming every other option given otherwise, with both values and what to do, but for those that may change on
+    resume (`options.RESUME_MAY_CHANGE`). A checkpoint saved without its options: {}."""
+    trained = json.loads((Path(path) / MARKER).read_text()).get("options")
+    if trained is None:
+        return {}
+    given = json.loads(json.dumps(saved_options(options)))  # as checkpoint.json holds them
+    changed = {name: [trained[name], value] for name, value in given.items()
+               if name in trained and trained[name] != value}
+    refused = {name: values for name, values in changed.items() if name not in RESUME_MAY_CHANGE}
+    if refused:
+        listed = ", ".join(f"{name} (trained with {json.dumps(old)}, given {json.dumps(new)})"
+                           for name, (old, new) in refused.items())
+        raise ValueError(f"Resuming {path} with options other than it was trained with: {listed}; the run would "
+                         "have trained with both while its record states one. Give the checkpoint's values to resume "
+                         "it, or train anew with another --output_dir (or --resume never, which replaces its "
+                         "checkpoints).")
+    return {name: values for name, values in changed.items() if name in RUN_LENGTH}
+
+
 def _write_json(path: Path, value: dict) -> None:
     part = path.with_suffix(".part")
     part.write_text(json.dumps(value, indent=1))
     os.replace(part, path)
 
 
-def save_checkpoint(accelerator, model, output_dir, progress: dict, total_limit: int | None) -> Path:
-    """Save the accelerate state and `progress` atomically as `checkpoints/checkpoint_<step>`."""
+def save_checkpoint(accelerator, model, output_dir, progress: dict, total_limit: int | None,
+                    options=None) -> Path:
+    """Save the accelerate state, `progress` and the run's `options` (resolved: `launching.with_launch_precision`)
+    atomically as `checkpoints/checkpoint_<step>`."""
     folder = Path(output_dir) / "checkpoints"
     final = folder / f"checkpoint_{progress['step']}"
     tmp = folder / f"tmp-{final.name}"
@@ -99,7 +125,8 @@ def save_checkpoint(accelerator, model, output_dir, progress: dict, total_limit:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             identity = model_identity(accelerator.unwrap_model(model))
-            _write_json(tmp / MARKER, {"format": FORMAT, "progress": progress, "model": identity})
+            _write_json(tmp / MARKER, {"format": FORMAT, "progress": progress, "model": identity,
+                                       **({"options": saved_options(options)} if options is not None else {})})
     except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)  # the partial save: never resumed from, and it frees the space
         full = disk_full_error(tmp, error)

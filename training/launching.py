@@ -81,6 +81,22 @@ def quiet_deepspeed_cpu_notice() -> None:
         logging.getLogger("DeepSpeed").addFilter(DeepSpeedCpuNotice())
 
 
+def with_launch_precision(options) -> tuple:
+    """(`options` with the mixed precision the run trains with, a line saying which won or None). The run's
+    own `mixed_precision` when it sets one; else the launch's (`accelerate launch --mixed_precision`, or the
+    accelerate config's, which the launcher passes on as ACCELERATE_MIXED_PRECISION), else 'no'. Where both
+    are set and differ, the run's wins and the line says so."""
+    from dataclasses import replace
+
+    launch, own = os.environ.get("ACCELERATE_MIXED_PRECISION"), options.training.mixed_precision
+    if own is None:
+        return replace(options, training=replace(options.training, mixed_precision=(launch or "no").lower())), None
+    if launch and launch.lower() != own:
+        return options, f"mixed_precision: this run's option ({own}) is used, not the launch's ({launch}, " \
+                        "ACCELERATE_MIXED_PRECISION)."
+    return options, None
+
+
 def accelerator_settings() -> dict:
     """Keyword arguments for `Accelerator`: a CPU process group for several processes on a
     CPU-only machine (`force_cpu`), except under DeepSpeed, which runs there itself (its CPU

@@ -205,8 +205,10 @@ class TrainingOptions(DeclaredOptions):
     gradient_accumulation_steps: int = integer(1, 1, help="Micro-batches accumulated per optimizer step.")
     max_grad_norm: float | None = number(1.0, 0.0, open_low=True, optional=True, help=(
         "Gradient clipping norm; null disables."))
-    mixed_precision: str = choice("no", ("no", "bf16", "fp16"), help=(
-        "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU)."))
+    mixed_precision: str | None = choice(None, ("no", "bf16", "fp16"), optional=True, help=(
+        "Mixed precision for accelerate ('bf16' works on CPU; fp16 needs a GPU); null: the launch's (`accelerate "
+        "launch --mixed_precision`, or its accelerate config), else 'no'. Set here, it wins over the launch's, and a "
+        "line says so; the run's record states the precision it trained with."))
     gradient_checkpointing: bool = flag(False, help="Recompute activations in the backward pass to save memory.")
     disable_dropout: bool = flag(False, help=(
         "Switch every dropout of the model off while training (each torch Dropout's p = 0, as TRL's disable_dropout), "
@@ -253,6 +255,17 @@ GROUPS = {"model": ModelOptions, "data": DataOptions, "training": TrainingOption
 FIELDS = {name: group for group, cls in GROUPS.items() for name in cls.declarations()}  # option -> its group
 assert len(FIELDS) == sum(len(cls.declarations()) for cls in GROUPS.values()), "an option name in two groups"
 NOT_SAVED = ("overwrite_output_dir",)  # how one command treats its folder, not what makes the run
+# What a resumed run may give otherwise than its checkpoint was trained with (`checkpoints.resume_changes`): the
+# run's length, which it goes on to, said in a line and recorded in metrics.jsonl and the card; and how the command
+# evaluates, samples, reports, saves, publishes and feeds the model, which changes nothing that trains. Every other
+# option changes what trains: resuming with another value is refused.
+RUN_LENGTH = ("max_steps", "num_train_epochs")
+RESUME_MAY_CHANGE = RUN_LENGTH + (
+    "per_device_eval_batch_size", "max_eval_samples", "eval_steps", "generation_metrics", "num_generation_examples",
+    "generation_num_beams", "sample_prompt", "sample_max_new_tokens", "logging_steps", "report_to", "save_steps",
+    "save_total_limit", "stop_after_steps", "resume", "output_dir", "push_to_hub", "hub_model_id", "hub_private",
+    "license", "dataloader_num_workers", "preprocessing_num_workers", "gradient_checkpointing")
+assert set(RESUME_MAY_CHANGE) <= set(FIELDS), set(RESUME_MAY_CHANGE) - set(FIELDS)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ wrong option fails with one message once the script is imported, not after the d
 - generation metrics that exist, for a seq2seq run;
 - a learning-rate schedule that builds with its `lr_scheduler_kwargs` (`check_schedule`);
 - the checkpoint the run would resume (`resume: auto` finds the latest in output_dir): one
-  written for another head type or backbone family is refused here, naming both. What only
-  the built model shows (head options, vocabulary, shapes) is still checked when the
-  checkpoint is loaded (`checkpoints.check_identity`);
+  written for another head type or backbone family is refused here, naming both, and so is one
+  trained with other options than the run gives but for those that may change on resume
+  (`checkpoints.resume_changes`). What only the built model shows (head options, vocabulary,
+  shapes) is still checked when the checkpoint is loaded (`checkpoints.check_identity`);
 - `push_to_hub`: the Hub reachable with a token (`check_hub`), not found out after training;
 - the launch: FSDP asked for on a machine without accelerator (`launching.check_sharding`) stops
   before an output folder is made.
@@ -29,9 +30,9 @@ from transformers import AutoConfig
 from hf_outheads.folders import check_target
 from hf_outheads.loss_kernels import PEER_KERNELS, unavailable
 
-from hf_outheads.training.checkpoints import MARKER, checkpoint_to_resume
+from hf_outheads.training.checkpoints import MARKER, checkpoint_to_resume, resume_changes
 from hf_outheads.training.evaluation import METRIC_KEYS
-from hf_outheads.training.launching import check_sharding, has_accelerator
+from hf_outheads.training.launching import check_sharding, has_accelerator, with_launch_precision
 from hf_outheads.training.modeling import PRESETS, check_backbone, check_lengths, model_class
 from hf_outheads.training.tokenization import TRAINABLE
 
@@ -161,7 +162,7 @@ def check_schedule(options) -> None:
 
 def check_checkpoint(options) -> None:
     """Refuse the checkpoint `options.training.resume` points at when it was written for another head
-    type or backbone family."""
+    type or backbone family, or trained with options the run may not change on resume."""
     checkpoint = checkpoint_to_resume(options.training.output_dir, options.training.resume)
     if checkpoint is None:
         return
@@ -174,6 +175,7 @@ def check_checkpoint(options) -> None:
             f"The checkpoint {checkpoint} belongs to another model: it was written for {describe(saved)}, this run "
             f"builds {describe(planned)}. Start fresh with --resume never (the old checkpoints are then replaced), "
             "or use another --output_dir.")
+    resume_changes(checkpoint, with_launch_precision(options)[0])
 
 
 def check_hub(options) -> None:

@@ -1,16 +1,24 @@
 """The end of a run: save model, tokenizer and generation config, the run's options
 (`train_config.yaml`, which `--config` reads again), plot the training curve, write the model card (`hf_outheads.model_card.build_model_card`, with the run's data,
-procedure, results, plot, sample and citations as sections), and optionally push it all to the Hub."""
+procedure, results, plot, sample and citations as sections), and optionally push it all to the Hub.
+
+The finished folder appears whole: written beside it, then moved in with `config.json`, which marks a
+finished model (`safeguards.earlier_work`) and without which none loads, last (`finish_run`). The
+card is written before any push; a push that fails (`PushFailed`) leaves the complete folder and says
+how to upload it later."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard
 
+from hf_outheads.folders import SAVING_PREFIX, package_code_files, save_then_swap
 from hf_outheads.model_card import build_model_card, citation_section, pipeline_tag
 
 from hf_outheads.training.data import BUILT_CORPORA, corpus_config
@@ -109,7 +117,7 @@ def run_sections(model, tokenizer, options, results, output_dir: Path, data_pros
                                  f"({len(tokenizer):,} tokens)."}
     rows = "".join(f"| {key} | {value} |\n" for key, value in hyperparameters(options).items())
     curve = "\n![training curve](training_curve.png)\n" if (output_dir / CURVE_FILE).exists() else ""
-    sections["Training procedure"] = f"| hyperparameter | value |\n| --- | --- |\n{rows}{curve}"
+    sections["Training procedure"] = f"| hyperparameter | value |\n| --- | --- |\n{rows}{resumed(output_dir)}{curve}"
     table = "".join(f"| {name} | {results[key]:.4g} |\n" for key, (_, name) in CARD_METRICS.items() if key in results)
     sample = results.get("sample") or (results.get("samples") or [{}])[0].get("prediction")
     sections["Evaluation results"] = (
@@ -120,6 +128,16 @@ def run_sections(model, tokenizer, options, results, output_dir: Path, data_pros
     if citation:
         sections["Citation"] = citation
     return sections
+
+
+def resumed(output_dir: Path) -> str:
+    """The run's history: each resumption that changed the run's length (metrics.jsonl's `resume` events,
+    `run.resume_or_start_fresh`), as lines below the hyperparameters, which state the final values."""
+    lines = [f"Resumed at step {record['step']} with "
+             + ", ".join(f"{name} {json.dumps(new)} (trained until then with {json.dumps(old)})"
+                         for name, (old, new) in record["changed"].items()) + "."
+             for record in read_metrics(output_dir) if record.get("event") == "resume"]
+    return "".join(f"\n{line}\n" for line in lines)
 
 
 def render_card(model, tokenizer, options, results, output_dir: Path, repo_id: str | None = None) -> ModelCard:
@@ -177,8 +195,12 @@ def hub_repo(training) -> str:
     """The Hub repository a run is pushed to, made now (kept when it exists): `hub_model_id`, or the
     output folder's name in the user's namespace; its id as the Hub gives it back (`namespace/name`),
     which the card's usage code loads."""
-    name = training.hub_model_id or Path(training.output_dir).resolve().name
-    return HfApi().create_repo(name, private=training.hub_private, exist_ok=True).repo_id
+    return HfApi().create_repo(repo_name(training), private=training.hub_private, exist_ok=True).repo_id
+
+
+def repo_name(training) -> str:
+    """The repository a run is pushed to, as the run names it: `hub_model_id`, or the output folder's name."""
+    return training.hub_model_id or Path(training.output_dir).resolve().name
 
 
 def push_to_hub(model, tokenizer, output_dir: Path, repo_id: str) -> str:
@@ -195,24 +217,65 @@ def push_to_hub(model, tokenizer, output_dir: Path, repo_id: str) -> str:
     return repo_id
 
 
+class PushFailed(RuntimeError):
+    """A push to the Hub failed after the run's folder was written whole: says so and how to upload it later."""
+
+
+def save_card(card: ModelCard, output_dir: Path) -> None:
+    """Write the card as output_dir/README.md, whole or not at all."""
+    part = output_dir / "README.md.part"
+    card.save(part)
+    os.replace(part, output_dir / "README.md")
+
+
 def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
-    """Everything a run leaves in output_dir; prints where the card is. `state_dict`: the full
-    weights (`accelerator.get_state_dict`, needed when the model is sharded); None: the model's."""
+    """Everything a run leaves in output_dir: the training curve, then the model, tokenizer, results,
+    options and card written beside it and moved in once all are written, `config.json` last
+    (`hf_outheads.folders.save_then_swap`; what a finish killed before left there is removed first), so that
+    a run killed while it finishes leaves no folder that looks finished (the same command resumes it). Prints
+    where the card is; then pushes (`publish`). `state_dict`: the full weights (`accelerator.get_state_dict`,
+    needed when the model is sharded); None: the model's."""
     output_dir = Path(options.training.output_dir)
-    model.save_pretrained(output_dir, state_dict=state_dict)
-    tokenizer.save_pretrained(output_dir)
-    (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
-    (output_dir / CONFIG_FILE).write_text(yaml.safe_dump(saved_options(options), sort_keys=False))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in output_dir.glob(f"{SAVING_PREFIX}*"):  # the run holds the folder's lock: no other save is under way
+        shutil.rmtree(stale, ignore_errors=True)
     plot_training_curve(output_dir)
-    training = options.training  # unpushed with hub_model_id: the card as it will be pushed (`hf upload` later)
-    repo_id = hub_repo(training) if training.push_to_hub else training.hub_model_id
-    card = render_card(model, tokenizer, options, results, output_dir, repo_id)
-    card.save(output_dir / "README.md")
+
+    def write(folder):
+        folder = Path(folder)
+        model.save_pretrained(folder, state_dict=state_dict)
+        tokenizer.save_pretrained(folder)
+        (folder / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        (folder / CONFIG_FILE).write_text(yaml.safe_dump(saved_options(options), sort_keys=False))
+        # the card as it will be pushed (`hf upload` later) when the repository is named, else loading the folder
+        render_card(model, tokenizer, options, results, output_dir, options.training.hub_model_id).save(
+            folder / "README.md")
+
+    save_then_swap(write, output_dir, replaced=package_code_files(type(model)))
     print(summary(options, results, output_dir))
-    if training.push_to_hub:
-        push_to_hub(model, tokenizer, output_dir, repo_id)
-        print(f"Pushed to https://huggingface.co/{repo_id}")
+    if options.training.push_to_hub:
+        publish(model, tokenizer, options, results, output_dir)
     return output_dir / "README.md"
+
+
+def publish(model, tokenizer, options, results, output_dir: Path) -> str:
+    """Push the finished folder to its Hub repository (`hub_repo`), its card rendered again first when the Hub
+    names the repository otherwise than the local card does (a name without namespace); a failure of the
+    Hub is a `PushFailed` saying that the folder is complete and the command that uploads it later."""
+    training = options.training
+    repo_id = repo_name(training)
+    try:
+        repo_id = hub_repo(training)
+        if repo_id != training.hub_model_id:
+            save_card(render_card(model, tokenizer, options, results, output_dir, repo_id), output_dir)
+        push_to_hub(model, tokenizer, output_dir, repo_id)
+    except Exception as error:  # noqa: BLE001: any failure of the Hub or the network
+        lines = str(error).splitlines()
+        raise PushFailed(f"The push to the Hub failed ({type(error).__name__}: {lines[0] if lines else ''}): "
+                         f"{output_dir} is complete (model, tokenizer, card); upload it later with "
+                         f"`hf upload {repo_id} {output_dir} --exclude 'checkpoints/*'`.") from None
+    print(f"Pushed to https://huggingface.co/{repo_id}")
+    return repo_id
 
 
 def summary(options, results, output_dir: Path) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import os
 import shutil
@@ -32,15 +33,16 @@ from transformers import get_scheduler
 from hf_outheads.frequency_bands import FrequencyBands
 from hf_outheads.training import batches
 from hf_outheads.training import data as data_lib
-from hf_outheads.training.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from hf_outheads.training.checkpoints import checkpoint_to_resume, load_checkpoint, resume_changes, save_checkpoint
 from hf_outheads.training.evaluation import (copy_scores, evaluate_perplexity, fit_to_context, generate_texts,
                                              generation_scores, sample_text)
-from hf_outheads.training.launching import accelerator_settings, check_process_count, check_sharding, refusal
+from hf_outheads.training.launching import (accelerator_settings, check_process_count, check_sharding, refusal,
+                                            with_launch_precision)
 from hf_outheads.training.loop import train_loop
 from hf_outheads.training.modeling import (build_model, parameter_counts, position_limit, step_flops, step_tokens,
                                            train_only, without_dropout)
 from hf_outheads.training.options import RunOptions
-from hf_outheads.training.publish import finish_run
+from hf_outheads.training.publish import PushFailed, finish_run
 from hf_outheads.training.safeguards import (EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work,
                                              release_run_locks)
 from hf_outheads.training.throughput import training_rates
@@ -250,22 +252,29 @@ def lock_output_dir(output_dir) -> RunLock:
     return lock
 
 
-def resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps: int) -> Progress:
-    """Progress of the checkpoint loaded into the prepared objects (saying so in one line when
-    it is the end of a finished run); a fresh run removes the checkpoints another run left in
-    output_dir, so none of them is resumed later."""
+def resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps: int) -> tuple[Progress, dict]:
+    """(Progress of the checkpoint loaded into the prepared objects, the run's length options it is resumed
+    with otherwise: `checkpoints.resume_changes`, which refuses any other option given otherwise), saying in a
+    line what changed and when it is the end of a finished run; a fresh run removes the checkpoints another run
+    left in output_dir, so none of them is resumed later."""
     if checkpoint is not None:
         progress = Progress(**load_checkpoint(accelerator, model, checkpoint))
+        changes = resume_changes(checkpoint, options)
         accelerator.print(f"Resumed from {checkpoint} (step {progress.step})")
+        if changes:
+            listed = ", ".join(f"{name} {json.dumps(new)} (it was trained with {json.dumps(old)})"
+                               for name, (old, new) in changes.items())
+            accelerator.print(f"Resuming {checkpoint} with {listed}: the run goes on to its new length; metrics.jsonl "
+                              "and the model card record the change.")
         if progress.step >= max_steps:
             accelerator.print(f"The run in {options.training.output_dir} had already finished (step {progress.step} of "
                               f"{max_steps}): nothing is trained; it is evaluated and saved again. To train anew, "
                               "use another --output_dir or --resume never.")
-        return progress
+        return progress, changes
     if accelerator.is_main_process:
         shutil.rmtree(Path(options.training.output_dir) / "checkpoints", ignore_errors=True)
     accelerator.wait_for_everyone()
-    return Progress()
+    return Progress(), {}
 
 
 @dataclass
@@ -292,8 +301,13 @@ class PreparedRun:
 
 def prepare_run(options) -> PreparedRun:
     """Accelerator, data, tokenizer, model, optimizer and schedule, prepared; resumed from the
-    latest checkpoint when there is one. fp32 matrix products may use TF32 on a GPU."""
+    latest checkpoint when there is one. fp32 matrix products may use TF32 on a GPU. The run's options
+    (`PreparedRun.options`, which it saves) hold the mixed precision it trains with
+    (`launching.with_launch_precision`)."""
+    options, precision = with_launch_precision(options)
     accelerator, training = accelerator_for(options), options.training  # claims output_dir before anything in it is written
+    if precision:
+        accelerator.print(precision)
     torch.backends.cuda.matmul.allow_tf32 = True  # (the legacy switch: inductor reads the precision through it)
     set_seed(training.seed)
     checkpoint = checkpoint_to_resume(training.output_dir, training.resume)
@@ -333,9 +347,11 @@ def prepare_run(options) -> PreparedRun:
         num_training_steps=max_steps * accelerator.num_processes,
         scheduler_specific_kwargs=training.lr_scheduler_kwargs or None))
     gen_dl = accelerator.prepare(gen_dl) if gen_dl is not None else None
-    progress = resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps)
+    progress, changes = resume_or_start_fresh(accelerator, options, model, checkpoint, max_steps)
     log = MetricsLog(accelerator, training.output_dir)
     log.truncate_after(progress.step if progress.step else -1)  # a fresh run starts a fresh log
+    if changes:  # the run's history: what the card states beside the final values
+        log.log({"event": "resume", "checkpoint": str(checkpoint), "changed": changes}, progress.step)
     if progress.step == 0:
         log.log({"event": "start", **counts, "num_processes": accelerator.num_processes,
                  "distributed_type": accelerator.distributed_type.value, "prepared_model": type(model).__name__,
@@ -420,7 +436,7 @@ def train_in_process(options, callbacks=()) -> dict:
 def run_training(options, callbacks=()) -> dict:
     with input_checks():
         run = prepare_run(options)
-    accelerator, training = run.accelerator, options.training
+    accelerator, options, training = run.accelerator, run.options, run.options.training
 
     def evaluate():
         with eager(options):
@@ -428,7 +444,8 @@ def run_training(options, callbacks=()) -> dict:
         return {**results, "train_flops": run.progress.step * run.counts["train_flops_per_step"]}
 
     def save():
-        save_checkpoint(accelerator, run.model, training.output_dir, vars(run.progress), training.save_total_limit)
+        save_checkpoint(accelerator, run.model, training.output_dir, vars(run.progress), training.save_total_limit,
+                        options)
 
     hooks = [(training.eval_steps, evaluate), periodic_update_hook(accelerator, run.model, options)]
     interrupted, step_times = train_loop(accelerator, options, run.model, run.optimizer, run.scheduler, run.train_dl,
@@ -446,10 +463,16 @@ def run_training(options, callbacks=()) -> dict:
                  **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt", "sample_max_new_tokens")}}, run.progress.step)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(run.model)  # every process: gathers a sharded model's full weights
+    failed_push = None
     if accelerator.is_main_process:
-        finish_run(accelerator.unwrap_model(run.model), run.tokenizer, options, results, state_dict)
+        try:
+            finish_run(accelerator.unwrap_model(run.model), run.tokenizer, options, results, state_dict)
+        except PushFailed as error:  # the folder is complete: said once every process has ended its training
+            failed_push = error
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    if failed_push is not None:
+        raise failed_push
     if accelerator.num_processes > 1:
         exit_without_teardown()
     return results

@@ -33,12 +33,13 @@ def main(argv=None, options: RunOptions | None = None, in_process: bool = False)
     `in_process`: this process trains more than once (`run.train_in_process`)."""
     options = options or parse_args(argv)
     from hf_outheads.training.batches import BatchError  # (after the parse: these import torch)
+    from hf_outheads.training.publish import PushFailed
     from hf_outheads.training.run import InputError, train_in_process, training_function
     from hf_outheads.training.safeguards import EarlierWork, NonFiniteError, OutputDirInUse
 
     try:
         (train_in_process if in_process else training_function)(options)
-    except (NonFiniteError, BatchError) as error:  # found while training, said in full: no traceback
+    except (NonFiniteError, BatchError, PushFailed) as error:  # found while training or pushing, said in full: no traceback
         raise refusal(error, status=1) from None
     except (OutputDirInUse, EarlierWork, InputError) as error:
         raise refusal(error) from None
