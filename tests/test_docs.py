@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # first folders of an absolute path that every machine has (or a path of the operating system's)
 SYSTEM_FOLDERS = {"usr", "etc", "proc", "dev", "tmp", "bin", "sbin", "lib", "lib64", "opt", "var", "sys", "run",
-                  "boot", "Library", "System", "Applications"}
+                  "boot", "Library", "System", "Applications",
+                  "v1"}  # and the routes of an OpenAI-compatible server (`/v1/completions`), no folder
 ABSOLUTE = re.compile(r"(?P<before>^|[\s`'\"(=:,\[])/(?P<first>[A-Za-z][\w.-]*)/[\w.-]", re.M)
 WINDOWS = re.compile(r"\b[A-Za-z]:\\(?:Users|home)\\", re.I)
 
@@ -53,7 +54,8 @@ def test_no_tracked_file_holds_a_path_of_one_machine():
     home, work = "/" + "home/someone/x.pdf", "/" + "work/shared/papers/"
     assert machine_paths(f"from `{work}` and C:" + "\\Users\\me") == [work + "`", "C:" + "\\Users\\"]
     assert machine_paths(f"see {home}") == [home]
-    assert machine_paths('r"/man/man(\\d)/x" and /tmp/x, /proc/self/status, https://host/a/b, studies/results/a') == []
+    assert machine_paths('r"/man/man(\\d)/x" and /tmp/x, /proc/self/status, https://host/a/b, studies/results/a, '
+                         '`/v1/chat/completions`') == []
 
 
 def snippets(text: str) -> list[str]:
