@@ -7,14 +7,19 @@ model class registers them with the Auto classes (`configuration_outheads` regis
 with `AutoConfig`; `modeling_outheads` the model classes with `AutoModel`, `AutoModelForCausalLM`
 and `AutoModelForSeq2SeqLM`), and building an `OutHeadsConfig` imports the model classes.
 
-Its files import downward, in layers: option declarations and the head interface (with the head
+Two folders. `hf_outheads/` is the runtime: what a saved model carries (transformers' remote code
+copies the files the config and model import) and needs to load, run `forward` and `generate`. Its
+files import downward, in layers: option declarations and the head interface (with the head
 registry, `register_head`); the model's inputs, outputs and library hooks (`model_io`); the heads'
-shared parts (losses and their kernels, the single softmax, scaled maps, latents); the heads (a head
-on the parts it is made of); their catalog; the config; the model classes; this face. One
+shared parts (losses and the kernel choice, the single softmax, scaled maps, latents); the heads (a
+head on the parts it is made of); their catalog; the config; the model classes; this face. One
 call-time import runs upward: the config imports the model classes when one is first built
-(`configuration_outheads.import_model_classes`). The tools (conversion, the plain export, model
-cards, folders, FLOP counting, frequency bands, the GPU kernels) stand above them all: the model
-reaches them at call time (`model_io.package_tool`), so a saved folder carries the runtime alone.
+(`configuration_outheads.import_model_classes`).
+
+`hf_outheads/tools/` holds what the installed package alone runs: conversion, the plain export,
+model cards, folders, FLOP counting, frequency bands, the Triton kernels and the `hf-outheads`
+command. They import the runtime; the runtime reaches them at call time through one door,
+`model_io.package_tool`, never by an import statement, so a saved folder carries the runtime alone.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ the package's tools.
 3. The tools. A saved folder carries the runtime alone (what loading, `forward` and `generate`
    need: transformers' remote code copies the files the model and config import); conversion
    (`from_backbone`), the plain export, model cards, the save's staging and the saved folder's code
-   files are the installed package's, reached at call time through `package_tool` (importlib, not
-   an import statement: transformers requires every package a copied file imports by statement).
+   files are the installed package's tools (`hf_outheads/tools/`), reached at call time through
+   `package_tool` (importlib, not an import statement: transformers requires every package a copied
+   file imports by statement).
 """
 
 from __future__ import annotations
@@ -47,19 +48,21 @@ PACKAGE = "hf_outheads"  # the installed package (remote code loads the saved fi
 
 
 def package_tool(name: str, required: bool = True):
-    """The installed package's module `name` (`conversion`, `export_plain`, `model_card`, `folders`,
-    the GPU kernels `softmax_kernels`): what a saved folder does not carry. Without the package (a
-    saved folder's remote code alone): an ImportError saying to install it, or None when not `required`."""
+    """The installed package's tool `name`, the module `hf_outheads.tools.<name>` (`conversion`,
+    `export_plain`, `model_card`, `folders`, the GPU kernels `softmax_kernels`): what a saved folder
+    does not carry. The runtime's one way to a tool: no runtime file imports one by statement.
+    Without the package (a saved folder's remote code alone): an ImportError saying to install it,
+    or None when not `required`."""
     try:
         installed = importlib.util.find_spec(PACKAGE) is not None
     except ImportError:  # an import hook that refuses it
         installed = False
     if installed:
-        return importlib.import_module(f"{PACKAGE}.{name}")
+        return importlib.import_module(f"{PACKAGE}.tools.{name}")
     if not required:
         return None
-    raise ModuleNotFoundError(f"This needs the {PACKAGE} package ({PACKAGE}.{name}), which a saved model's remote code "
-                              f"does not carry: pip install {PACKAGE}", name=PACKAGE)
+    raise ModuleNotFoundError(f"This needs the {PACKAGE} package ({PACKAGE}.tools.{name}), which a saved model's "
+                              f"remote code does not carry: pip install {PACKAGE}", name=PACKAGE)
 
 
 @dataclass

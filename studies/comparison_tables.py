@@ -8,7 +8,7 @@ at equal steps and at equal training FLOPs, and by word-frequency band.
   evaluations) at the smallest training-FLOP budget any row reached, so a head that costs
   more per step is compared where the cheapest run stopped.
 - Bands: perplexity of the validation tokens whose word occurs rarely / moderately / often in
-  the training set (`hf_outheads.frequency_bands`, the DRILL paper's analysis).
+  the training set (`hf_outheads.tools.frequency_bands`, the DRILL paper's analysis).
 """
 
 from __future__ import annotations

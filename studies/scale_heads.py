@@ -4,8 +4,8 @@ corpus (`training/corpora/debian_docs.py`) with `training/train.py`, the loop ev
 called in this process (`train.train_in_process`): compiled (`torch_compile`), in bf16 with sdpa
 attention, TF32 and fused AdamW, with no host read between logging steps. Recorded per run, from
 train.py's results and metrics.jsonl: validation perplexity (during and after training), perplexity
-by training-frequency band (`hf_outheads.frequency_bands`), training tokens/s, training FLOPs
-(`hf_outheads.flops`), the achieved FLOP rate against the device's measured bf16 peak (MFU) and
+by training-frequency band (`hf_outheads.tools.frequency_bands`), training tokens/s, training FLOPs
+(`hf_outheads.tools.flops`), the achieved FLOP rate against the device's measured bf16 peak (MFU) and
 the loss path the head trained with; after an `mtp` run, in the same call, its greedy drafting
 against plain greedy (`drafting_speed`: `studies.mtp_speed`'s measurement on validation blocks,
 token-identical or said to fail, into `speed.md` / `speed.json` and a line of the results).

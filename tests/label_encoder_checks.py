@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_outheads.conversion import original_lm_head
+from hf_outheads.tools.conversion import original_lm_head
 from hf_outheads.modeling_outheads import shift_right
 from tiny import SEQ2SEQ, batch, model_class, tiny_config, tiny_original
 

@@ -41,7 +41,7 @@ def command(*argv, cwd, timeout=300):
 def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
     """`hf-outheads --help` prints the usage (status 0); no command, or an unknown one, is a usage error:
     status 2 and the usage or one line on stderr, as an argparse command with a required sub-command."""
-    from hf_outheads.cli import main
+    from hf_outheads.tools.cli import main
 
     main(["--help"])
     usage = capsys.readouterr().out
@@ -54,9 +54,9 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
     with pytest.raises(SystemExit) as error:
         main(["trian"])
     assert error.value.code == 2 and capsys.readouterr().err.strip() == (
-        "hf-outheads: error: unknown command 'trian'; choose one of quickstart, train, export, mtp-distill.")
+        "hf-outheads: error: unknown command 'trian'; choose one of quickstart, train, export, mtp-distill, serve.")
     scripts = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"hf-outheads": "hf_outheads.cli:main"}
+    assert scripts == {"hf-outheads": "hf_outheads.tools.cli:main"}
 
 
 def test_a_config_named_as_the_readmes_write_it_is_found_from_any_folder(tmp_path, monkeypatch):
@@ -76,12 +76,12 @@ def test_a_config_named_as_the_readmes_write_it_is_found_from_any_folder(tmp_pat
 @needs_install
 def test_the_installed_command_trains_and_exports_from_any_folder(tmp_path):
     entry = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "hf-outheads"]
-    assert [e.value for e in entry] == ["hf_outheads.cli:main"]
-    run = command("-m", "hf_outheads.cli", "train", "--config", "training/configs/quickstart_lm.yaml",
+    assert [e.value for e in entry] == ["hf_outheads.tools.cli:main"]
+    run = command("-m", "hf_outheads.tools.cli", "train", "--config", "training/configs/quickstart_lm.yaml",
                   "--output_dir", "lm", *TINY, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "validation perplexity" in run.stdout and (tmp_path / "lm" / "model.safetensors").is_file()
-    export = command("-m", "hf_outheads.cli", "export", "lm", "lm_plain", cwd=tmp_path)
+    export = command("-m", "hf_outheads.tools.cli", "export", "lm", "lm_plain", cwd=tmp_path)
     assert export.returncode == 0, export.stderr[-3000:]
     assert json.loads(export.stdout.strip().splitlines()[-1])["exact"] is True
     assert "Setting accelerator to CPU" not in run.stdout + run.stderr + export.stdout + export.stderr  # item 7
@@ -185,7 +185,7 @@ BAD_COMMAND_LINES = [
 def test_every_command_refuses_a_bad_command_line_in_one_line_with_status_2(argv, said, tmp_path, monkeypatch, capsys):
     """Issue 47, items 6 and 12: one line on stderr, exit status 2 (argparse's), no traceback, and
     nothing written; YAML that does not parse (a file, a tab-indented one, a flag's value) is named."""
-    from hf_outheads.cli import main
+    from hf_outheads.tools.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
@@ -205,7 +205,7 @@ def test_every_command_refuses_a_bad_command_line_in_one_line_with_status_2(argv
 def test_dashed_spellings_are_accepted_and_every_commands_help_shows_the_defaults(tmp_path, monkeypatch, capsys):
     """Issue 47, item 12: `--max-steps` is `--max_steps` (as `HfArgumentParser` reads both, and
     `hf-outheads export` has `--text-file`), and `--help` gives each option's default."""
-    from hf_outheads.cli import main
+    from hf_outheads.tools.cli import main
     from hf_outheads.training.options import parse_options
     from hf_outheads.training.quickstart import parse_args as quickstart_args
 
@@ -243,10 +243,10 @@ def test_every_commands_help_answers_before_torch_is_imported_and_shows_its_exam
     """Issue 51: `hf-outheads --help` and `hf-outheads <command> --help` parse before torch and
     transformers are imported (the package's names are imported on first use), and print the
     command's example command lines as they are written."""
-    from hf_outheads.cli import COMMANDS
+    from hf_outheads.tools.cli import COMMANDS
 
     for argv in (["--help"], *([name, "--help"] for name in COMMANDS)):
-        code = (f"import sys\nfrom hf_outheads.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit as done:\n"
+        code = (f"import sys\nfrom hf_outheads.tools.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit as done:\n"
                 "    assert not done.code, done.code\nprint([m for m in ('torch', 'transformers') if m in sys.modules])")
         run = subprocess_runs.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, timeout=120)
         assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == "[]", (argv, run.stdout[-300:], run.stderr[-2000:])

@@ -4,6 +4,7 @@ Heads x {causal (Llama), seq2seq (T5)}: forward/backward, training, loss = cross
 the logits, bf16, logits_to_keep, cached generation, save/load, Auto classes, remote code.
 """
 
+import ast
 import json
 import os
 import re
@@ -79,8 +80,8 @@ CHECK_TOY = """
 import sys
 import hf_outheads, torch
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
-from hf_outheads.export_plain import plain_export_capabilities
-from hf_outheads.model_card import build_model_card, citation_section
+from hf_outheads.tools.export_plain import plain_export_capabilities
+from hf_outheads.tools.model_card import build_model_card, citation_section
 from head_cases import HEAD_CASES
 from benchmarks.bench_heads import HEAD_VARIANTS, run_case
 from sharded_cases import CASES
@@ -384,8 +385,8 @@ def test_remote_code_load_in_fresh_process(head, backbone, remote_loads):
     assert torch.equal(torch.load(root / case_id / "remote_generated.pt"), torch.load(root / case_id / "generated.pt"))
 
 
-TOOL_FILES = {"conversion.py", "export_plain.py", "model_card.py", "folders.py", "flops.py", "frequency_bands.py",
-              "softmax_kernels.py", "cli.py", "__init__.py"}
+PACKAGE = Path(__import__("hf_outheads").__file__).parent
+TOOL_FILES = {path.name for path in (PACKAGE / "tools").glob("*.py")}  # what the installed package alone runs
 
 
 def code_files(folder):
@@ -423,9 +424,8 @@ def test_a_saved_folder_carries_the_runtime_of_its_heads_alone(head, remote_load
 def test_a_save_over_an_earlier_one_drops_the_code_files_it_no_longer_writes(tmp_path):
     """A folder saved before issue 48 carries the whole package; a save over it keeps the runtime alone,
     and a file of the user's there stays."""
-    package = Path(__import__("hf_outheads").__file__).parent
-    for name in ("conversion.py", "model_card.py", "head_mos.py", "mixture.py"):
-        (tmp_path / name).write_text((package / name).read_text())
+    for name in ("tools/conversion.py", "tools/model_card.py", "head_mos.py", "mixture.py"):
+        (tmp_path / Path(name).name).write_text((PACKAGE / name).read_text())
     (tmp_path / "notes.py").write_text("# mine\n")
     tiny_model("llama", "tied").save_pretrained(tmp_path)
     files = code_files(tmp_path)
@@ -437,6 +437,35 @@ def test_remote_code_load_refuses_missing_head_weights(remote_loads):
     _, _, results = remote_loads
     error = results["missing-head-bias"].get("error", "")
     assert error.startswith("ValueError") and "head.bias" in error, results["missing-head-bias"]
+
+
+def tool_imports(source: str) -> list[str]:
+    """The modules of `hf_outheads.tools` that the import statements of `source`, a file of `hf_outheads/`,
+    name: anywhere in it, a function's too (transformers' remote code copies what those name, indented or not)."""
+    named = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            named += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(filter(None, ("hf_outheads" if node.level == 1 else "", node.module)))
+            named += [f"{base}.{alias.name}" for alias in node.names]
+    return [name for name in named if f"{name}.".startswith("hf_outheads.tools.")]
+
+
+def test_no_runtime_file_imports_a_tool_by_statement():
+    """The runtime (the files of `hf_outheads/`) reaches the tools (`hf_outheads/tools/`) through
+    `model_io.package_tool` alone: an import statement of a tool would make transformers copy it, and every
+    package it imports, into a saved folder. The cli calls each command's `main`, with no `runpy`."""
+    assert tool_imports("from .tools.flops import training_flops_per_step") == ["hf_outheads.tools.flops.training_flops_per_step"]
+    assert tool_imports("def f():\n    from .tools import folders\n") == ["hf_outheads.tools.folders"]
+    assert tool_imports("import hf_outheads.tools.flops\nfrom hf_outheads import tools") == [
+        "hf_outheads.tools.flops", "hf_outheads.tools"]
+    assert tool_imports("from .head_catalog import get_head_class\nfrom . import losses\nimport tools") == []
+    runtime = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert {"model_io.py", "modeling_outheads.py", "losses.py"} <= set(runtime), runtime
+    found = {name: named for name in runtime if (named := tool_imports((PACKAGE / name).read_text()))}
+    assert not found, f"runtime files that import a tool by statement (use model_io.package_tool): {found}"
+    assert not [path.name for path in PACKAGE.rglob("*.py") if "runpy" in path.read_text()]
 
 
 def test_remote_code_needs_no_package_beyond_torch_and_transformers():

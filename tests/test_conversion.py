@@ -74,7 +74,7 @@ def test_bilinear_from_tied_original_is_exact():
 
 def test_tied_head_on_untied_original_warns(caplog):
     original = tiny_original("llama")
-    with caplog.at_level("WARNING", logger="hf_outheads.conversion"):
+    with caplog.at_level("WARNING", logger="hf_outheads.tools.conversion"):
         converted = OutHeadsForCausalLM.from_backbone(original, head_type="tied").eval()
     assert "cannot reproduce the original LM head" in caplog.text
     with torch.no_grad():

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_outheads import HEAD_CLASSES, OutHeadsConfig, OutHeadsForCausalLM, get_head_class
-from hf_outheads.export_plain import plain_export_capabilities
+from hf_outheads.tools.export_plain import plain_export_capabilities
 from head_cases import HEAD_CASES
 from subprocess_runs import run
 from tiny import ALL, SEQ2SEQ, VOCAB, model_class, perturb, tiny_config, tiny_model, tiny_original, word_tokenizer

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, next_token_labels
-from hf_outheads.conversion import original_lm_head
+from hf_outheads.tools.conversion import original_lm_head
 from hf_outheads.head_doc import DOCHead, DOCOptions
 from hf_outheads.head_interface import HeadDims, HeadInputs
 from tiny import SEQ2SEQ, batch, tiny_config, tiny_model, tiny_original

@@ -20,7 +20,7 @@ from hf_outheads.head_interface import training_mode
 
 pytest.importorskip("triton", reason="the kernels need Triton (pip install triton); on a CPU conftest.py sets "
                                       "TRITON_INTERPRET=1")
-from hf_outheads import softmax_kernels  # noqa: E402
+from hf_outheads.tools import softmax_kernels  # noqa: E402
 
 from test_fused_losses import fused_loss, grads, mixture_problem  # noqa: E402
 

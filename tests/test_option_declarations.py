@@ -27,7 +27,7 @@ def declare(monkeypatch, options_class, name: str, **change) -> None:
 
 def refused(argv: list[str], capsys, monkeypatch) -> str:
     """The one line `hf-outheads <argv>` refuses them with (exit status 2)."""
-    from hf_outheads.cli import main
+    from hf_outheads.tools.cli import main
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     capsys.readouterr()
@@ -71,7 +71,7 @@ def test_a_range_changed_in_its_declaration_is_enforced_everywhere(tmp_path, mon
 
 def test_the_command_lines_flags_are_the_declarations(capsys, monkeypatch):
     """`--help` lists every declared option, with its help and default, under its group."""
-    from hf_outheads.cli import main
+    from hf_outheads.tools.cli import main
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     with pytest.raises(SystemExit) as done:

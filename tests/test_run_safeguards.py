@@ -367,7 +367,7 @@ def test_every_cards_usage_snippet_runs(trained, tmp_path):
 def test_an_export_onto_what_it_reads_is_refused_and_a_replaced_folder_is_the_only_one_touched(trained, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from hf_outheads.folders import TargetIsSource
+    from hf_outheads.tools.folders import TargetIsSource
 
     out, _ = trained
     parent, link = tmp_path / "parent", tmp_path / "link"
@@ -401,8 +401,8 @@ def test_an_export_onto_what_it_reads_is_refused_and_a_replaced_folder_is_the_on
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["one rename", "renamed aside first"])
 def test_a_folder_is_swapped_in_whole_or_not_at_all(tmp_path, monkeypatch, exchange):
-    from hf_outheads import folders
-    from hf_outheads.folders import staged_folder
+    from hf_outheads.tools import folders
+    from hf_outheads.tools.folders import staged_folder
 
     if not exchange:  # where renameat2 is missing (not Linux) or the filesystem refuses it
         monkeypatch.setattr(folders, "_exchange", lambda a, b: False)
@@ -430,8 +430,8 @@ def test_a_folder_filled_by_another_writer_meanwhile_is_refused_at_the_swap(tmp_
     """Two writers into one new (or empty) folder, neither told to overwrite: the one that swaps in
     second is refused, naming what is there, and leaves the first one's folder as it is and nothing beside it.
     `windows`: a system whose rename never replaces an existing folder (the empty one is removed first)."""
-    from hf_outheads import folders
-    from hf_outheads.folders import staged_folder
+    from hf_outheads.tools import folders
+    from hf_outheads.tools.folders import staged_folder
 
     if not exchange:
         monkeypatch.setattr(folders, "_exchange", lambda a, b: False)
@@ -459,7 +459,7 @@ def test_a_folder_filled_by_another_writer_meanwhile_is_refused_at_the_swap(tmp_
 
 
 def test_two_exports_into_one_new_folder_at_once_leave_the_first_and_refuse_the_second(trained, tmp_path, monkeypatch):
-    from hf_outheads import export_plain
+    from hf_outheads.tools import export_plain
 
     out, _ = trained
     target = tmp_path / "plain"

@@ -42,7 +42,7 @@ def refuse(message) -> Refusal:
 
 def program(script: str) -> str:
     """The name of the running command, for its usage and error lines: `hf-outheads <command>` under
-    the installed command (`hf_outheads.cli` names it in `sys.argv[0]`, as argparse reads it), else
+    the installed command (`hf_outheads.tools.cli` names it in `sys.argv[0]`, as argparse reads it), else
     the script's file name (`train.py`), as argparse names a script run by path or with `-m`."""
     return sys.argv[0] if sys.argv[0].startswith("hf-outheads ") else Path(script).name
 

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 import hf_outheads  # its names are imported when first used: `--help` answers without torch
-from hf_outheads.folders import TargetIsSource, writable_target
+from hf_outheads.tools.folders import TargetIsSource, writable_target
 
 from hf_outheads.training.command_line import CommandParser, refuse
 
@@ -113,7 +113,7 @@ def main(argv=None) -> dict:
         raise refuse(f"Not exported: --text-file is read with the model's tokenizer, and {args.trained_dir} holds "
                      "none: save the tokenizer the model was trained with there (tokenizer.save_pretrained) and export "
                      "again.")
-    from hf_outheads.export_plain import NotExact
+    from hf_outheads.tools.export_plain import NotExact
 
     try:
         result = model.export_plain(args.out_dir, tokenizer, approximate=args.approximate, texts=texts,

@@ -7,7 +7,7 @@ from transformers import AutoConfig
 
 import hf_outheads
 from hf_outheads import OutHeadsConfig
-from hf_outheads.flops import training_flops_per_step
+from hf_outheads.tools.flops import training_flops_per_step
 
 # name -> (model_type, config fields). Vocabulary size and special ids come from the tokenizer.
 PRESETS = {
@@ -171,7 +171,7 @@ def step_tokens(options, processes: int) -> int:
 
 
 def step_flops(model, options, processes: int) -> int:
-    """Analytic FLOPs of one optimizer step (`hf_outheads.flops`); seq2seq at the length limits."""
+    """Analytic FLOPs of one optimizer step (`hf_outheads.tools.flops`); seq2seq at the length limits."""
     sequences = step_sequences(options, processes)
     if options.model.task == "causal_lm":
         return training_flops_per_step(model, sequences * options.data.block_size, options.data.block_size)

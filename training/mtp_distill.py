@@ -21,7 +21,7 @@ head kept (`head_type: null`), only `head.predictors` trainable (`trainable_modu
 off (`disable_dropout`) and a cosine schedule with 10% warm-up. OUT receives what a train.py run
 writes (the model, its tokenizer, card, metrics and options) and `distill.json` (the settings and the
 predictors' losses before and after), written beside it and swapped in whole
-(`hf_outheads.folders.staged_folder`): a new or empty folder, or any other with `--overwrite`, never
+(`hf_outheads.tools.folders.staged_folder`): a new or empty folder, or any other with `--overwrite`, never
 RUN_DIR, a folder inside it or around it.
 """
 
@@ -207,7 +207,7 @@ def main(argv=None):
     import torch  # (after the parse: `--help` and a wrong option answer without torch)
     from transformers import AutoModelForCausalLM
 
-    from hf_outheads.folders import staged_folder, writable_target
+    from hf_outheads.tools.folders import staged_folder, writable_target
 
     from hf_outheads.training.preflight import run_sources
     from hf_outheads.training.tokenization import load_saved_tokenizer

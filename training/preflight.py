@@ -1,7 +1,7 @@
 """Checks of a training run's options before any work starts (`train.parse_args`), so that a
 wrong option fails with one message once the script is imported, not after the data is tokenised:
 
-- the output folder: never one the run reads from (`check_output_dir`, `hf_outheads.folders`);
+- the output folder: never one the run reads from (`check_output_dir`, `hf_outheads.tools.folders`);
 - the backbone: exactly one of `model_preset` (a known preset that fits the task) and
   `pretrained` (whose config loads), and a tokenizer that can serve it (`auto` needs a pretrained
   model); lengths (`block_size`, ...) within its positions; a preset's model built on the meta
@@ -27,7 +27,7 @@ import json
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig
 
-from hf_outheads.folders import check_target
+from hf_outheads.tools.folders import check_target
 from hf_outheads.loss_kernels import PEER_KERNELS, unavailable
 
 from hf_outheads.training.checkpoints import MARKER, checkpoint_to_resume, resume_changes

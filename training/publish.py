@@ -1,5 +1,5 @@
 """The end of a run: save model, tokenizer and generation config, the run's options
-(`train_config.yaml`, which `--config` reads again), plot the training curve, write the model card (`hf_outheads.model_card.build_model_card`, with the run's data,
+(`train_config.yaml`, which `--config` reads again), plot the training curve, write the model card (`hf_outheads.tools.model_card.build_model_card`, with the run's data,
 procedure, results, plot, sample and citations as sections), and optionally push it all to the Hub.
 
 The finished folder appears whole: written beside it, then moved in with `config.json`, which marks a
@@ -18,8 +18,8 @@ from pathlib import Path
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard
 
-from hf_outheads.folders import SAVING_PREFIX, package_code_files, save_then_swap
-from hf_outheads.model_card import build_model_card, citation_section, pipeline_tag
+from hf_outheads.tools.folders import SAVING_PREFIX, package_code_files, save_then_swap
+from hf_outheads.tools.model_card import build_model_card, citation_section, pipeline_tag
 
 from hf_outheads.training.data import BUILT_CORPORA, corpus_config
 from hf_outheads.training.evaluation import SAMPLING
@@ -141,7 +141,7 @@ def resumed(output_dir: Path) -> str:
 
 
 def render_card(model, tokenizer, options, results, output_dir: Path, repo_id: str | None = None) -> ModelCard:
-    """The model card of `hf_outheads.model_card.build_model_card` (its tags and `base_model`
+    """The model card of `hf_outheads.tools.model_card.build_model_card` (its tags and `base_model`
     rule: never a local path) with the run's sections, the results as its model-index, and
     usage code that generates the card's sample again, loading `repo_id` (the Hub repository the run is
     pushed to; default: output_dir's absolute path); no network (no validate())."""
@@ -231,7 +231,7 @@ def save_card(card: ModelCard, output_dir: Path) -> None:
 def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
     """Everything a run leaves in output_dir: the training curve, then the model, tokenizer, results,
     options and card written beside it and moved in once all are written, `config.json` last
-    (`hf_outheads.folders.save_then_swap`; what a finish killed before left there is removed first), so that
+    (`hf_outheads.tools.folders.save_then_swap`; what a finish killed before left there is removed first), so that
     a run killed while it finishes leaves no folder that looks finished (the same command resumes it). Prints
     where the card is; then pushes (`publish`). `state_dict`: the full weights (`accelerator.get_state_dict`,
     needed when the model is sharded); None: the model's."""

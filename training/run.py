@@ -30,7 +30,7 @@ from accelerate.utils import (DataLoaderConfiguration, DistributedType, ProjectC
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
-from hf_outheads.frequency_bands import FrequencyBands
+from hf_outheads.tools.frequency_bands import FrequencyBands
 from hf_outheads.training import batches
 from hf_outheads.training import data as data_lib
 from hf_outheads.training.checkpoints import checkpoint_to_resume, load_checkpoint, resume_changes, save_checkpoint

@@ -11,10 +11,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-from .backbones import OUTPUT_BIAS_BUFFERS, logit_transform, unrepresentable
-from .configuration_outheads import OutHeadsConfig
-from .head_catalog import get_head_class
-from .head_options import HeadOptions
+from ..backbones import OUTPUT_BIAS_BUFFERS, logit_transform, unrepresentable
+from ..configuration_outheads import OutHeadsConfig
+from ..head_catalog import get_head_class
+from ..head_options import HeadOptions
 
 logger = logging.getLogger(__name__)
 

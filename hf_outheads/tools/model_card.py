@@ -14,11 +14,11 @@ import json
 import os
 from importlib import resources
 
-from .head_catalog import get_head_class
-from .model_io import model_tags, paper_tags
+from ..head_catalog import get_head_class
+from ..model_io import PACKAGE, model_tags, paper_tags
 
 PLACEHOLDER_REPO = "<namespace>/<model-name>"
-TEMPLATE = resources.files(f"{__package__}.model_cards") / "model_card.md"
+TEMPLATE = resources.files(f"{PACKAGE}.model_cards") / "model_card.md"
 
 
 def citation_section(head_type: str) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .backbones import num_layers
+from ..backbones import num_layers
 
 
 def _matmul_parameters(module: nn.Module) -> int:

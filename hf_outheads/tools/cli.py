@@ -6,9 +6,10 @@
     hf-outheads mtp-distill <run_dir> --output_dir <out_dir> [--prompts 512 --max_steps 300]
     hf-outheads serve [MODEL] [transformers serve options]                    # transformers' own server
 
-Each runs a module as `python -m` would, in this process: `quickstart`, `train`, `export` and
+Each calls the `main(argv)` of its module, in this process: `quickstart`, `train`, `export` and
 `mtp_distill` of `hf_outheads.training` (the repository's `training/` folder, installed under the
-package), which need the training stack, and `hf_outheads.serve`, which needs the server's packages.
+package), which need the training stack, and `hf_outheads.tools.serve`, which needs the server's
+packages.
 With no command, or an unknown one, it prints the usage on stderr and exits with status 2, as an
 argparse command does when a required sub-command is missing, and as `transformers` and `hf` (the
 Hugging Face CLIs) do (`accelerate` exits 1, `trl` 0); `hf-outheads --help` prints it on stdout with
@@ -20,8 +21,8 @@ lists a command's options.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
-import runpy
 import sys
 
 TRAINING = "hf_outheads.training"
@@ -30,7 +31,7 @@ COMMANDS = {  # command -> (module it runs, what it does)
     "train": (f"{TRAINING}.train", "train, evaluate and publish a model (one process)"),
     "export": (f"{TRAINING}.export", "write a trained model as its backbone's own transformers class"),
     "mtp-distill": (f"{TRAINING}.mtp_distill", "self-distil an mtp model's future-token predictors on its greedy output"),
-    "serve": ("hf_outheads.serve", "serve a model with transformers' OpenAI-compatible server (transformers serve)"),
+    "serve": ("hf_outheads.tools.serve", "serve a model with transformers' OpenAI-compatible server (transformers serve)"),
 }
 TRAIN_STACK = ("yaml", "accelerate", "datasets", "tokenizers", "evaluate", "sacrebleu")  # imported by every training command
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"hf-outheads {argv[0]}: error: the training stack is not installed ({', '.join(missing)}): "
                          "pip install 'hf_outheads[train]'.")
     sys.argv = [f"hf-outheads {argv[0]}", *argv[1:]]  # argparse's prog, in usage and errors
-    runpy.run_module(module, run_name="__main__")
+    importlib.import_module(module).main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .head_interface import IGNORE_INDEX, next_token_labels
+from ..head_interface import IGNORE_INDEX, next_token_labels
 
 DEFAULT_EDGES = (100, 1000)  # training occurrences: rare < 100 <= medium < 1000 <= frequent
 DEFAULT_NAMES = ("rare", "medium", "frequent")

@@ -171,11 +171,12 @@ IMPORT_LINE = re.compile(r"from \.(\w+) import (\w+)\n")
 
 
 def package_code_files(model_class: type) -> set[str]:
-    """The code files a save of `model_class` may write (transformers' remote code copies the files
-    its module imports, relatively, recursively): the modules of the package it comes from (the
-    installed one's, or a saved folder's)."""
+    """The code files a save of `model_class` may have written (transformers' remote code copies the
+    files its module imports, relatively, recursively): the modules of the package it comes from (the
+    installed one's, or a saved folder's), and the names of the installed package's tools, which a
+    save by an older version of the package copied beside them."""
     package = Path(sys.modules[model_class.__module__].__file__).parent
-    return {path.name for path in package.glob("*.py")} - {"__init__.py"}
+    return {path.name for pattern in ("*.py", "tools/*.py") for path in package.glob(pattern)} - {"__init__.py"}
 
 
 def runtime_code_only(folder, model_class: type, head_classes) -> None:

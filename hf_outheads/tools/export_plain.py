@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
-from .backbones import EXPORT_ALIASES, hidden_scale, logit_transform, with_logit_softcap
+from ..backbones import EXPORT_ALIASES, hidden_scale, logit_transform, with_logit_softcap
 from .conversion import backbone_state_dict, load_backbone_state_dict, output_bias_slots, write_lm_head
 from .folders import staged_folder
-from .head_catalog import HEAD_CLASSES
+from ..head_catalog import HEAD_CLASSES
 from .model_card import build_plain_model_card
 
 # generation options that this package's models answer themselves (`use_mtp`: drafts from the `mtp` head's
