@@ -1,4 +1,4 @@
-"""Quickstart: convert a transformers LM, generate, save, reload through AutoModelForCausalLM.
+"""Convert a transformers LM, generate, save, reload through AutoModelForCausalLM.
 
 Runs offline on a tiny random GPT-2. With a real model, the first step is simply
     model = OutHeadsForCausalLM.from_backbone("gpt2")                      # Hub id (or a local folder)
