@@ -50,7 +50,7 @@ def add_flags(parser):
 
 def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
     """name -> (head type, every option spelt out): each name's head as train.py builds it
-    (`TrainOptions.head_spec`); a head type or option train.py would refuse fails here, before
+    (`ModelOptions.head_spec`); a head type or option train.py would refuse fails here, before
     anything trains. Spelt out (the head's current defaults under the given options), so that a
     run trained under other defaults is not reused."""
     specs, unknown, errors = {}, [], []

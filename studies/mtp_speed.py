@@ -1,6 +1,6 @@
 """Self-speculative decoding with the `mtp` head, measured: greedy tokens/s of
 `generate(use_mtp=True)` against plain greedy `generate()` of the same model, and the acceptance
-rate per future position (issue 43).
+rate per future position.
 
     python -m studies.mtp_speed outputs/mtp_finetune --output_dir studies/results/mtp_finetune
 

@@ -1,7 +1,7 @@
-"""The head comparison at GPT-2-small size, on one GPU, as a queue that outlives a GPU lease:
+"""The head comparison at GPT-2-small size, on one GPU, as a queue that goes on from call to call:
 every head trains the same backbone on the same token budget and block order of the packed
 corpus (`training/corpora/debian_docs.py`) with `training/train.py`, the loop every user runs,
-called in this process (`train.train_in_process`): compiled (`torch_compile`), in bf16 with sdpa
+called in this process (`run.train_in_process`): compiled (`torch_compile`), in bf16 with sdpa
 attention, TF32 and fused AdamW, with no host read between logging steps. Recorded per run, from
 train.py's results and metrics.jsonl: validation perplexity (during and after training), perplexity
 by training-frequency band (`hf_outheads.tools.frequency_bands`), training tokens/s, training FLOPs

@@ -1,4 +1,4 @@
-"""The commands as users type them (issue 41): the installed `hf-outheads train | export | quickstart`
+"""The commands as users type them: the installed `hf-outheads train | export | quickstart`
 and the scripts by path (`accelerate launch training/train.py`, `python training/train.py`) from any
 folder, configs named as the READMEs write them, and an export of a folder that does not exist.
 
@@ -183,7 +183,7 @@ BAD_COMMAND_LINES = [
 @needs_install
 @pytest.mark.parametrize("argv,said", BAD_COMMAND_LINES, ids=[" ".join(a) for a, _ in BAD_COMMAND_LINES])
 def test_every_command_refuses_a_bad_command_line_in_one_line_with_status_2(argv, said, tmp_path, monkeypatch, capsys):
-    """Issue 47, items 6 and 12: one line on stderr, exit status 2 (argparse's), no traceback, and
+    """One line on stderr, exit status 2 (argparse's), no traceback, and
     nothing written; YAML that does not parse (a file, a tab-indented one, a flag's value) is named."""
     from hf_outheads.tools.cli import main
 
@@ -197,13 +197,13 @@ def test_every_command_refuses_a_bad_command_line_in_one_line_with_status_2(argv
     err = capsys.readouterr().err.strip()
     assert error.value.code == 2, err
     assert len(err.splitlines()) == 1 and re.search(said, err), err
-    assert err.startswith(f"hf-outheads {argv[0]}: error: "), err  # issue 51: named by the command typed
+    assert err.startswith(f"hf-outheads {argv[0]}: error: "), err  # named by the command typed
     assert sorted(tmp_path.iterdir()) == before
 
 
 @needs_install
 def test_dashed_spellings_are_accepted_and_every_commands_help_shows_the_defaults(tmp_path, monkeypatch, capsys):
-    """Issue 47, item 12: `--max-steps` is `--max_steps` (as `HfArgumentParser` reads both, and
+    """`--max-steps` is `--max_steps` (as `HfArgumentParser` reads both, and
     `hf-outheads export` has `--text-file`), and `--help` gives each option's default."""
     from hf_outheads.tools.cli import main
     from hf_outheads.training.options import parse_options
@@ -229,7 +229,7 @@ def test_dashed_spellings_are_accepted_and_every_commands_help_shows_the_default
                 re.search(rf"{re.escape(flag)} .*?{re.escape(default)}", text), (name, flag, text[:3000])
 
 
-HELP_EXAMPLES = {  # issue 51: a command's examples, each printed as a line of its own by `--help`
+HELP_EXAMPLES = {  # a command's examples, each printed as a line of its own by `--help`
     "train": "  hf-outheads train --config training/configs/quickstart_lm.yaml [--key value ...]",
     "export": "    hf-outheads export <trained_dir> <out_dir> --approximate --text-file sample.txt",
     "quickstart": "    hf-outheads quickstart --task lm  # only one of them",
@@ -240,7 +240,7 @@ HELP_EXAMPLES = {  # issue 51: a command's examples, each printed as a line of i
 
 @needs_install
 def test_every_commands_help_answers_before_torch_is_imported_and_shows_its_examples_as_lines():
-    """Issue 51: `hf-outheads --help` and `hf-outheads <command> --help` parse before torch and
+    """`hf-outheads --help` and `hf-outheads <command> --help` parse before torch and
     transformers are imported (the package's names are imported on first use), and print the
     command's example command lines as they are written."""
     from hf_outheads.tools.cli import COMMANDS
@@ -291,7 +291,7 @@ DISTILL = ["--prompts", "4", "--prompt_tokens", "8", "--new_tokens", "4", "--bat
 
 
 def test_mtp_distill_runs_on_a_run_that_train_wrote_and_replaces_only_a_folder_it_is_told_to(mtp_run, tmp_path, capsys):
-    """Issue 47, items 3 and 4: train.py saves its options (train_config.yaml), which mtp-distill reads;
+    """train.py saves its options (train_config.yaml), which mtp-distill reads;
     a non-empty output_dir (another run) is refused as export refuses it, and replaced whole with
     --overwrite; the run itself, a folder inside it or around it never."""
     from transformers import AutoModelForCausalLM

@@ -204,7 +204,7 @@ class HostReads(TorchFunctionMode):
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_a_training_step_reads_nothing_back_from_the_device(head, backbone):
-    """Issue 48: a training forward with labels and its backward read no value back from the device, for
+    """A training forward with labels and its backward read no value back from the device, for
     every training loss the head offers (ids and labels are checked where a batch is built, on the host;
     `generate` checks its prompt once per call). `sampled` picks its candidates from the batch's
     targets, so it reads them: not a loss of the fast path."""
@@ -395,7 +395,7 @@ def code_files(folder):
 
 @pytest.mark.parametrize("head", sorted(HEAD_CASES))
 def test_a_saved_folder_carries_the_runtime_of_its_heads_alone(head, remote_loads):
-    """Issue 48: a saved folder carries what loading, forward and generate need (its folders load, run and
+    """A saved folder carries what loading, forward and generate need (its folders load, run and
     generate in a process that cannot import the package: `test_remote_code_load_in_fresh_process`): its
     `head_catalog.py` imports the model's head classes alone (`mtp`'s shared head too), and the folder holds
     nothing the config and model files do not import, no tool (conversion, export, cards, FLOP counting, the
@@ -422,8 +422,8 @@ def test_a_saved_folder_carries_the_runtime_of_its_heads_alone(head, remote_load
 
 
 def test_a_save_over_an_earlier_one_drops_the_code_files_it_no_longer_writes(tmp_path):
-    """A folder saved before issue 48 carries the whole package; a save over it keeps the runtime alone,
-    and a file of the user's there stays."""
+    """A folder saved by an older version of the package carries all of it, tools included; a save over it keeps
+    the runtime alone, and a file of the user's there stays."""
     for name in ("tools/conversion.py", "tools/model_card.py", "head_mos.py", "mixture.py"):
         (tmp_path / Path(name).name).write_text((PACKAGE / name).read_text())
     (tmp_path / "notes.py").write_text("# mine\n")

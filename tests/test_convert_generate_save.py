@@ -86,7 +86,7 @@ def test_the_quickstart_checks_its_figures_against_the_stated_ones():
 
 
 def test_the_quickstart_prints_each_figure_beside_the_stated_value_and_tolerance():
-    """Issue 51: one line per stated figure, with the stated value and tolerance, also when not checked."""
+    """One line per stated figure, with the stated value and tolerance, also when not checked."""
     from hf_outheads.training.quickstart import EXPECTED, figure_lines
 
     (ppl, ppl_tolerance), (bleu, bleu_tolerance) = EXPECTED["lm"]["eval_perplexity"], EXPECTED["seq2seq"]["eval_sacrebleu"]

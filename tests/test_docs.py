@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib
+import importlib.util
+import inspect
+import io
 import re
 import subprocess
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,8 +270,10 @@ def test_the_readme_is_short_and_its_tables_narrow():
 
 
 # words about how the project is run, not about the software
-PROCESS_WORDS = re.compile(r"\blease|\bGPU window|\bwindow is \d+ minutes|\bissue #?\d+|\bsession\b|\bqueue filled",
-                           re.I)
+RUN_WORDS = r"\blease|\bGPU window|\bwindow is \d+ minutes|\bissue #?\d+|\bqueue filled"  # never in a page nor in code
+PROCESS_WORDS = re.compile(rf"{RUN_WORDS}|\bsession\b", re.I)  # a page's words (code has POSIX and pytest sessions)
+CODE_PROCESS_WORDS = re.compile(RUN_WORDS, re.I)
+CODE_FILES = {".py", ".sh", ".yaml", ".yml", ".toml", ".cfg"}
 
 
 def pages() -> list[Path]:
@@ -284,6 +291,25 @@ def test_no_page_speaks_of_how_the_project_is_run():
                                            "session"]
 
 
+def code_files() -> list[Path]:
+    """The tracked code (the package, training, studies, benchmarks, tools, tests, CI) and the studies' notes, but
+    this file, which spells the words out."""
+    return [path for path in tracked_files() if (path.suffix in CODE_FILES or path.parent.name == ".ci"
+            or path.suffix == ".md" and path not in pages()) and path != Path(__file__).resolve()]
+
+
+def test_no_comment_or_docstring_speaks_of_how_the_project_is_run():
+    """Code says what it does: not which issue asked for it, nor how GPU time is handed out (git has the history)."""
+    found = {}
+    for path in code_files():
+        if words := CODE_PROCESS_WORDS.findall(path.read_text()):
+            found[str(path.relative_to(ROOT))] = words
+    assert found == {}
+    assert ROOT / "hf_outheads" / "model_io.py" in code_files() and ROOT / ".ci" / "run" in code_files()
+    assert CODE_PROCESS_WORDS.findall("# Issue 47, item 3: kept; one per lease; a pytest session") == [
+        "Issue 47", "lease"]
+
+
 def test_the_readme_names_the_heads_that_return_log_probabilities():
     from hf_outheads import HEAD_CLASSES
 
@@ -291,3 +317,113 @@ def test_the_readme_names_the_heads_that_return_log_probabilities():
     said = readme.split("**Mixture heads return log-probabilities.**", 1)[1].split("`logits`", 1)[0]
     named = set(re.findall(r"`(\w+)`", said))
     assert named == {name for name, cls in HEAD_CLASSES.items() if cls.returns_log_probs}
+
+
+# names in the package's, training's and the studies' docstrings and comments, as `module.function` or `Class.attr`
+DOTTED = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?`")
+FILE_ENDINGS = {"py", "yaml", "yml", "json", "jsonl", "md", "txt", "pt", "safetensors", "png", "csv", "toml", "sh", "log",
+                "xz", "gz", "whl", "gguf"}
+LIBRARIES = ("transformers", "torch", "torch.nn", "accelerate", "datasets", "trl", "peft", "huggingface_hub")
+FOLDERS = {"hf_outheads": "hf_outheads", "hf_outheads/tools": "hf_outheads.tools", "training": "hf_outheads.training",
+           "training/corpora": "hf_outheads.training.corpora", "studies": "studies"}
+
+
+def project_modules() -> dict[str, str]:
+    """file stem -> import name, for every module of FOLDERS (how a docstring names one: `run.train_in_process`)."""
+    return {path.stem: f"{package}.{path.stem}" for folder, package in FOLDERS.items()
+            for path in sorted((ROOT / folder).glob("*.py")) if path.stem != "__init__"}
+
+
+def prose(source: str) -> list[str]:
+    """The docstrings and comments of `source`."""
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    texts = [ast.get_docstring(node, clean=False) or "" for node in ast.walk(ast.parse(source)) if isinstance(node, nodes)]
+    return texts + [token.string for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if token.type == tokenize.COMMENT]
+
+
+def bound_names(source: str) -> set[str]:
+    """The names `source` binds as arguments or variables (`options` may be a variable there, not the module)."""
+    tree = ast.walk(ast.parse(source))
+    return {node.arg if isinstance(node, ast.arg) else node.id for node in tree
+            if isinstance(node, ast.arg) or isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+
+
+def has(holder, name: str) -> bool:
+    """Whether `holder` (a module or a class) has `name`: an attribute, a submodule, a dataclass field or annotation,
+    or an attribute its methods set (`self.name`)."""
+    if hasattr(holder, name):
+        return True
+    if inspect.ismodule(holder):
+        return hasattr(holder, "__path__") and importlib.util.find_spec(f"{holder.__name__}.{name}") is not None
+    for cls in inspect.getmro(holder) if inspect.isclass(holder) else ():
+        if name in getattr(cls, "__dataclass_fields__", {}) or name in getattr(cls, "__annotations__", {}):
+            return True
+        try:
+            if re.search(rf"\bself\.{name}\b", inspect.getsource(cls)):
+                return True
+        except (OSError, TypeError):  # a class without source (a builtin's)
+            pass
+    return False
+
+
+def resolves(name: str, namespace: dict, variables: set[str], modules: dict[str, str], defined: dict) -> bool:
+    """Whether the dotted `name` of a docstring or comment names something that exists. Its first part is a module
+    of the project (`run`), a name of the file (`namespace`) or of the project (`ModelOptions`), a class of the
+    libraries (`PreTrainedModel`) or an installed module (`transformers`); anything else (`model.generate`, a
+    variable) is not judged, nor a file name (`train_config.yaml`)."""
+    first, *rest = name.split(".")
+    if rest[-1] in FILE_ENDINGS:
+        return True
+    if first in modules:
+        holder = importlib.import_module(modules[first])
+    elif first in namespace or first in defined:
+        holder = namespace.get(first, defined.get(first))
+    elif first[0].isupper() and not first.isupper():
+        holder = next((getattr(importlib.import_module(library), first) for library in LIBRARIES
+                       if first in dir(importlib.import_module(library))), None)
+        if holder is None:
+            return False
+    elif first not in variables and importlib.util.find_spec(first) is not None:
+        holder = importlib.import_module(first)
+    else:
+        return True
+    for part in rest:
+        if not has(holder, part):
+            return first in variables and first in modules  # `options.data`: the variable, not the module
+        if inspect.ismodule(holder) and not hasattr(holder, part):
+            holder = importlib.import_module(f"{holder.__name__}.{part}")
+        else:
+            holder = getattr(holder, part, None)
+        if holder is None:  # a field without a class-level value: what follows is not judged
+            return True
+    return True
+
+
+def unresolved_names(source: str, namespace: dict, modules: dict[str, str], defined: dict) -> list[str]:
+    variables = bound_names(source)
+    return sorted({name for text in prose(source) for name in DOTTED.findall(text)
+                   if not resolves(name, namespace, variables, modules, defined)})
+
+
+def test_every_dotted_name_in_a_docstring_or_comment_exists():
+    """A docstring or comment of the package, training/ or studies/ that names `module.function` or `Class.attr`
+    names something that exists (a renamed or removed function leaves none behind)."""
+    modules = project_modules()
+    loaded = {stem: importlib.import_module(name) for stem, name in modules.items()}
+    defined = {}  # the classes and functions of the project, by name
+    for module in loaded.values():
+        defined.update({key: value for key, value in vars(module).items() if inspect.isclass(value) or
+                        inspect.isfunction(value) and value.__module__.startswith(("hf_outheads", "studies"))})
+    found = {}
+    for stem, module in loaded.items():
+        path = Path(module.__file__)
+        if names := unresolved_names(path.read_text(), vars(module), modules, defined):
+            found[str(path.relative_to(ROOT))] = names
+    assert found == {}
+    assert len(loaded) > 60 and {"run", "scale_heads", "export_plain", "modeling_outheads"} <= set(loaded)
+    made_up = ('"""Trains in this process (`train.train_in_process`, `run.train_in_process`), the head from\n'
+               '`TrainOptions.head_spec` (`ModelOptions.head_spec`, `ModelOptions.no_such_option`)."""\n'
+               'def f(options):\n    return options.model  # `options.model.head`, `model.generate`, `torch.no_such`\n')
+    assert unresolved_names(made_up, {}, modules, defined) == [
+        "ModelOptions.no_such_option", "TrainOptions.head_spec", "torch.no_such", "train.train_in_process"]

@@ -119,7 +119,7 @@ def test_intact_checkpoint_loads(saved_linear):
 
 @pytest.mark.parametrize("saved", [[1, 2], "depth: 2", 3])
 def test_a_saved_config_whose_head_options_are_not_a_mapping_is_named(saved_linear, saved, tmp_path_factory):
-    """Issue 47, item 11: a hand-edited config.json; loading names `head_options`, and so does the
+    """A hand-edited config.json; loading names `head_options`, and so does the
     export command, in one line with status 2."""
     from hf_outheads.training.export import main as export
 

@@ -118,7 +118,7 @@ def test_every_affine_head_exports_exactly(tmp_path):
 
 
 def test_the_export_generates_with_a_model_set_to_draft(tmp_path):
-    """Issue 47 item 17: `generation_config.use_mtp = True` (this package's drafting from the `mtp`
+    """`generation_config.use_mtp = True` (this package's drafting from the `mtp`
     head) was copied into the stock export, which has no predictors: its `generate` failed (`Could
     not find num_mtp_layers`). The export drops it and generates the drafting model's tokens."""
     model = tiny_model("gpt2", "mtp", {"num_future": 2, "head_options": {"output_bias": False}})
@@ -285,7 +285,7 @@ def suggested_flags(message: str, given=()) -> list[str]:
 
 def test_every_fix_an_export_refusal_names_works(tmp_path):
     """Each refusal of `hf-outheads export` that names a fix (an option to add, a training option, a
-    file to give) is followed as written, and the export then succeeds. Issue 56 item 5: a Llama model
+    file to give) is followed as written, and the export then succeeds. A Llama model
     trained with `logit_softcap` was told `--approximate --text-file FILE`, which refused the same way."""
     from transformers import Gemma2Config
 

@@ -137,7 +137,7 @@ def test_a_window_of_copies_trains_as_one_batch_with_the_regulariser_once():
 
 
 def test_a_training_forward_without_labels_warns_once_that_the_regulariser_is_not_applied(caplog):
-    """Issue 47 item 19: Trainer with `label_smoothing_factor` calls the model without labels (see
+    """Trainer with `label_smoothing_factor` calls the model without labels (see
     test_head_mtp); DOC's regulariser needs them. Warned once in training with gradients; never in
     evaluation, under no_grad (generation) or with regularizer_weight=0."""
     from transformers.utils import logging as hf_logging
@@ -184,7 +184,7 @@ def test_one_locked_mask_shared_by_all_components_and_time_steps():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_inputs_embeds_reach_a_layer_0_component(dtype):
-    """Issue 47 item 15: an fp32 model given bf16 or fp16 `inputs_embeds` (which the backbone's first
+    """An fp32 model given bf16 or fp16 `inputs_embeds` (which the backbone's first
     layer promotes) handed `hidden_states[0]` in the caller's dtype to the head: `mat1 and mat2 must
     have the same dtype`. The head now gets it in the final state's dtype, and scores the rounded
     embeddings as the fp32 copy of them does, to the backbone's own rounding of low-precision input."""

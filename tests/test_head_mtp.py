@@ -163,7 +163,7 @@ def test_greedy_drafting_is_token_identical_to_greedy(family, form):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_a_prompt_given_as_embeddings_drafts_as_its_ids(form, monkeypatch):
-    """Issue 47 item 16: `generate(inputs_embeds=..., use_mtp=True)` took the prompt's length from
+    """`generate(inputs_embeds=..., use_mtp=True)` took the prompt's length from
     `input_ids`, which then hold the generated tokens alone, and failed; plain greedy worked. With
     `inputs_embeds = E[ids]` every round drafts what the ids prompt drafts, and the output is plain
     greedy's (the drafts both kept and refused)."""
@@ -405,7 +405,7 @@ def test_trainer_trains_the_predictors(tmp_path, caplog):
 
 
 def test_trainer_with_label_smoothing_warns_once_that_the_predictors_do_not_train(tmp_path, caplog):
-    """Issue 47 item 19: with `label_smoothing_factor` Trainer takes the labels out of the batch and
+    """With `label_smoothing_factor` Trainer takes the labels out of the batch and
     smooths the next-token loss from the logits, so the predictors, whose losses need the labels,
     silently did not train. The model now says so, once, naming the option."""
     from datasets import Dataset

@@ -112,7 +112,7 @@ def test_options_are_resolved_once_in_the_config_and_handed_to_the_head(tmp_path
 
 @pytest.mark.parametrize("head,given", [("joint", {"joint_dim": 8}), ("mtp", {"head": "drill", "num_future": 2})])
 def test_a_models_head_options_are_checked_and_resolved_once(head, given, tmp_path, monkeypatch):
-    """Issue 48: a model's head options are checked once (each declared field, when the options
+    """A model's head options are checked once (each declared field, when the options
     object is built) and resolved once, by `OutHeadsConfig(...)` and again only by `from_pretrained`'s config; building
     the model, and the head, check nothing. `mtp`'s shared head gets the object its options resolved
     (`MTPOptions.complete`), not a dict turned into options again."""

@@ -96,7 +96,7 @@ def test_model_card_describes_the_model():
 
 
 def test_the_cards_usage_code_runs_without_the_package_and_without_a_prompt(tmp_path):
-    """Issue 47 item 18: the code loaded the tokenizer without `trust_remote_code=True`; AutoTokenizer
+    """The code loaded the tokenizer without `trust_remote_code=True`; AutoTokenizer
     reads the folder's config (this package's model type) and stopped at transformers' interactive
     "run the custom code?" prompt. Run as it is, in a Python that never imports hf_outheads, it now
     generates without asking."""

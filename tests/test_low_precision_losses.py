@@ -110,7 +110,7 @@ def test_mixture_heads_train_under_bf16_autocast_as_in_fp32(head, options):
 
 @pytest.mark.parametrize("head", sorted(HEAD_CLASSES))
 def test_fp16_on_large_final_states_is_finite_and_the_fp32_loss(head):
-    """Issue 47 item 14: with the final norm's output in the thousands (its weight x 3e3), `mos` and
+    """With the final norm's output in the thousands (its weight x 3e3), `mos` and
     `doc` in fp16 gave NaN logits, loss and gradients (their latent maps multiplied x by the stored
     `A = (W - base I) / map_scale` before scaling back, past fp16's 65504); `LlamaForCausalLM` and
     every other head stayed finite. Now every head does, at the fp32 model's loss."""

@@ -69,7 +69,7 @@ def test_wrong_class_fails_at_load_naming_the_right_one(backbone, auto, right, t
 
 @pytest.mark.parametrize("backbone", ["gpt2", "t5", "bart"])
 def test_automodel_from_config_builds_the_class_of_the_backbone(backbone):
-    """Issue 47 item 19: AutoModel is registered with both classes (a tuple), from which transformers
+    """AutoModel is registered with both classes (a tuple), from which transformers
     picks by `config.architectures`, else the first (causal) one, which refused an encoder-decoder
     backbone. A config now names the class of its backbone kind (a given one is kept). With
     `architectures=None` transformers' pick fails on `None` for its own tuple-mapped configs too
@@ -120,7 +120,7 @@ def test_trainer_evaluate_reports_eval_loss_and_calls_compute_metrics(backbone, 
 
 @pytest.mark.parametrize("head", ["tied", "doc"])
 def test_trainers_use_cache_reaches_the_backbone_so_packed_batches_score_as_padded(head, tmp_path):
-    """Issue 47 item 13: Trainer sets `model.config.use_cache = False`; it stayed on the composite
+    """Trainer sets `model.config.use_cache = False`; it stayed on the composite
     config, the backbone (reading `text_config.use_cache`) built a KV cache in training, and
     transformers then dropped the packed-sequence mask of `DataCollatorWithFlattening`: the packed
     loss differed from the padded batch's (plain `LlamaForCausalLM`: equal). Generation still
@@ -181,7 +181,7 @@ def test_config_with_head_type_but_no_backbone_is_refused_when_built(tmp_path):
 
 @pytest.mark.parametrize("converted", [False, True], ids=["fresh", "converted"])
 def test_lightrnn_left_padded_row_generates_as_alone(converted):
-    """Issue 26 item 13 (lengths 3 and 6, tiny Llama): the code table's path scores each
+    """Lengths 3 and 6, tiny Llama: the code table's path scores each
     position alone (no padding reaches the head: generation keeps the last position), so a
     padded row's log-probabilities equal the unpadded row's to float rounding, with the same
     masked (-inf) codes, and greedy picks the same tokens unless two words tie within it."""

@@ -55,7 +55,7 @@ def test_all_ignored_batch_with_num_items_in_batch_zero_is_zero():
 @pytest.mark.parametrize("bad", [-1, VOCAB])
 def test_out_of_range_labels_are_named_by_the_host_side_check(bad):
     """Labels are checked on the host, where a batch is built (`model_io.check_labels`, whatever the head),
-    not in the model's `forward`, which reads nothing back from the device (issue 48; the training
+    not in the model's `forward`, which reads nothing back from the device (the training
     collator's check that names the example is the training loop's)."""
     labels = ids().clone()
     labels[1, 3] = bad
@@ -145,7 +145,7 @@ def test_default_length_generation_stops_where_the_backbone_positions_end():
 @pytest.mark.parametrize("family", ["gpt2", "t5"])
 def test_a_token_id_beyond_the_vocabulary_names_the_id_and_the_size(family):
     """`generate` checks its prompt once per call (a seq2seq encoder runs outside `forward`); `forward`
-    checks nothing (issue 48: no read back from the device; a training batch is checked where it is built)."""
+    checks nothing (no read back from the device; a training batch is checked where it is built)."""
     from tiny import VOCAB, tiny_model
 
     model = tiny_model(family, "tied").eval()

@@ -1,4 +1,4 @@
-"""One way to declare an option (issue 48): head and training options are dataclass fields declared
+"""One way to declare an option: head and training options are dataclass fields declared
 with `hf_outheads.head_options`' declarators, whose `Spec` holds the type, the range and the help.
 A range changed in that one place is what every way in enforces: `hf-outheads train`'s flags, a
 YAML config, `RunOptions.from_flat`, `OutHeadsConfig(...)` and `from_pretrained`."""

@@ -363,7 +363,7 @@ def test_every_cards_usage_snippet_runs(trained, tmp_path):
     assert run_snippet(code, tmp_path).strip()
 
 
-# an export onto its source, around it or inside it (issue 47, item 1)
+# an export onto its source, around it or inside it
 def test_an_export_onto_what_it_reads_is_refused_and_a_replaced_folder_is_the_only_one_touched(trained, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -480,7 +480,7 @@ def test_two_exports_into_one_new_folder_at_once_leave_the_first_and_refuse_the_
     assert [p.name for p in tmp_path.iterdir()] == ["plain"]  # no staging folder left
 
 
-# a run or the quickstart writing into what it reads (issue 47: the rule of every command)
+# a run or the quickstart writing into what it reads (the rule of every command)
 def test_a_run_and_the_quickstart_never_write_into_what_they_read(tmp_path, capsys):
     from hf_outheads.training.quickstart import main as quickstart
     from hf_outheads.training.train import parse_args
@@ -508,7 +508,7 @@ def test_a_run_and_the_quickstart_never_write_into_what_they_read(tmp_path, caps
     assert "=== by hand" not in capsys.readouterr().out  # nothing launched
 
 
-# a lock file this script did not write (issue 47, item 8)
+# a lock file this script did not write
 @pytest.mark.parametrize("content", ["[1, 2]", '{"pid": "abc", "host": "here"}', '{"pid": 5}', '"text"'])
 def test_a_corrupt_lock_file_is_named_with_what_to_do_and_nothing_is_written(tmp_path, content, capsys):
     from hf_outheads.training.safeguards import LOCK_FILE
@@ -528,7 +528,7 @@ def test_a_corrupt_lock_file_is_named_with_what_to_do_and_nothing_is_written(tmp
     assert [p.name for p in out.iterdir()] == [LOCK_FILE] and (out / LOCK_FILE).read_text() == content
 
 
-# a push that fails after training (issue 56, item 4)
+# a push that fails after training
 @pytest.mark.parametrize("failing", ["create_repo", "create_commit"])
 def test_a_push_that_fails_after_training_keeps_the_card_and_says_how_to_upload_later(tmp_path, monkeypatch, capsys,
                                                                                         failing):

@@ -384,7 +384,7 @@ def test_a_second_two_process_launch_on_the_output_dir_of_a_running_one_is_refus
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["checkpoint_4"] and not (out / LOCK_FILE).exists()
 
 
-# save_total_limit (issue 47, item 2)
+# save_total_limit
 @pytest.mark.parametrize("value", [-1, 0, 1.5, True, "all"])
 def test_save_total_limit_is_a_positive_integer_or_null(value):
     """As transformers' TrainingArguments: None keeps every checkpoint, a positive integer that many;
@@ -404,7 +404,7 @@ def test_the_checkpoint_just_saved_is_never_rotated_away(tmp_path):
     assert [p.name for p in checkpoints.complete_checkpoints(out)] == ["checkpoint_3"]
 
 
-# streamed data (issue 47, item 5)
+# streamed data
 def jsonl_data(folder: Path, task: str) -> dict:
     """Options of local JSON-lines files: causal text from the built-in corpus, or reversal pairs."""
     from hf_outheads.training.corpora.stdlib import build_records
@@ -446,7 +446,7 @@ def test_streamed_data_trains_end_to_end_in_two_processes(tmp_path):
     assert (tmp_path / "streamed" / "model.safetensors").is_file() and "Traceback" not in stderr
 
 
-# data with no text (issue 47, items 9 and 10): one line, naming the file and line, nothing written
+# data with no text: one line, naming the file and line, nothing written
 def test_a_data_file_without_text_is_named_and_nothing_is_written(tmp_path, capsys):
     from hf_outheads.training.train import main
 
@@ -491,7 +491,7 @@ def test_a_data_file_without_text_is_named_and_nothing_is_written(tmp_path, caps
         "block_size=32 tokens).")
 
 
-# lengths against the backbone's positions (issue 47, item 11)
+# lengths against the backbone's positions
 def test_a_block_longer_than_the_models_positions_is_refused_when_parsed(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -510,7 +510,7 @@ def test_a_block_longer_than_the_models_positions_is_refused_when_parsed(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-# a loss kernel that cannot run here (issue 47, item 7)
+# a loss kernel that cannot run here
 @pytest.mark.skipif(not __import__("hf_outheads.loss_kernels", fromlist=["x"]).unavailable(
     "liger", "cuda" if has_accelerator() else "cpu"), reason="Liger-Kernel can run here")
 @pytest.mark.parametrize("head_flags", [["--head_options", "{training_loss: chunked, loss_kernel: liger}"],
@@ -525,7 +525,7 @@ def test_a_loss_kernel_that_cannot_run_here_is_refused_when_parsed(tmp_path, hea
     assert refused.value.code == 2 and not (tmp_path / "out").exists()
 
 
-# a resumed run is the run it says it is (issue 56, item 1)
+# a resumed run is the run it says it is
 @pytest.mark.parametrize("changed", [{"learning_rate": 5e-3}, {"per_device_train_batch_size": 2},
                                      {"gradient_accumulation_steps": 2}, {"block_size": 16}])
 def test_resuming_with_an_option_that_changes_what_trains_is_refused_naming_it(tmp_path, changed):
@@ -566,7 +566,7 @@ def test_a_resumed_run_may_be_given_another_length_and_its_record_says_so(tmp_pa
     assert "max_steps: 6" in (out / "train_config.yaml").read_text()
 
 
-# the launch's mixed precision (issue 56, item 2)
+# the launch's mixed precision
 def test_the_launchs_mixed_precision_applies_when_the_run_sets_none_and_a_line_says_which_won(tmp_path, monkeypatch,
                                                                                                 capsys):
     """`accelerate launch --mixed_precision bf16` sets ACCELERATE_MIXED_PRECISION: a run that sets no
@@ -594,7 +594,7 @@ def test_the_launchs_mixed_precision_applies_when_the_run_sets_none_and_a_line_s
             in capsys.readouterr().out)
 
 
-# a run killed while it finishes (issue 56, item 3)
+# a run killed while it finishes
 def test_a_run_killed_while_it_finishes_leaves_no_finished_looking_folder_and_reruns(tmp_path, monkeypatch):
     """The finished folder appears whole: config.json, which marks a finished model (`safeguards.earlier_work`)
     and without which none loads, is moved in last, after the weights, tokenizer, results, options and card. A

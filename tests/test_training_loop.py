@@ -1,4 +1,4 @@
-"""train.py's one loop (issue 48): batches checked on the host where they are built, naming the
+"""train.py's one loop: batches checked on the host where they are built, naming the
 example; no read from the device between logging steps; step times that count the waits for the
 device; each run's rates in its final event; pre-tokenised data used as it is; only the named modules
 trained, every dropout off, a schedule's own arguments and the data's own seed. Tiny in-process runs
@@ -103,7 +103,7 @@ def test_pre_tokenised_data_needs_the_tokenizer_it_was_made_with(tokenised, tmp_
 ])
 def test_a_bad_example_in_a_training_batch_is_one_line_naming_it(tokenised, tmp_path, capsys, column, value, said,
                                                                  workers):
-    """Issue 48: ids and labels are checked on the host where the batch is built (the collator, in a worker process
+    """Ids and labels are checked on the host where the batch is built (the collator, in a worker process
     with `dataloader_num_workers`), not in the model's forward: a bad one is one line naming the example (its index in
     the training set), the value and its place, never a device-side assert; exit status 1 (found while training)."""
     tokenizer, train_rows, validation_rows = tokenised
@@ -152,7 +152,7 @@ class HostReads(TorchFunctionMode):
 
 
 def test_the_eager_training_step_reads_nothing_from_the_device_between_logging_steps(tmp_path, monkeypatch):
-    """Issue 48: between logging steps, an eager step (forward, backward, clipping, update, schedule) and the loop's
+    """Between logging steps, an eager step (forward, backward, clipping, update, schedule) and the loop's
     bookkeeping read no value back from the device; the reads of a logging step (the loss, the non-finite watch) are
     the only ones. The batches, collated in this process here, are checked without a tensor read, and packed blocks
     come without an attention mask, which transformers would check for padding at every forward."""

@@ -204,7 +204,7 @@ def test_push_to_hub_uploads_the_card_after_the_model(tmp_path, monkeypatch):
 
 
 def test_the_cards_usage_code_loads_the_absolute_folder_or_the_pushed_repository(tmp_path, monkeypatch):
-    """Issue 51: a run's card loads its folder by absolute path (`--output_dir run` given relative would be
+    """A run's card loads its folder by absolute path (`--output_dir run` given relative would be
     taken for a Hub id from any other folder) or, pushed without `hub_model_id`, the repository the Hub
     made: the folder's name in the user's namespace."""
     from hf_outheads.training.publish import finish_run

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU work, sized to a lent GPU's window (15 minutes of device time in all, the machine's start
-# included; one command at most 10 minutes). One command per window continues the scale comparison:
+# The GPU work, in commands of at most 10 minutes each (15 minutes of device time in all, the machine's
+# start included). Each command continues the scale comparison:
 #
 #   tools/gpu_wheels.sh                # here: the wheels the GPU image lacks, into .whl/
 #   python -m hf_outheads.training.corpora.debian_docs data/scale_corpus
@@ -14,9 +14,9 @@
 #                                      #   (|V| 32K and 128K, and at GPT-2-small shape), train.py compiled
 #                                      #   at GPT-2-small shape (tokens/s and MFU beside the study's tied run)
 #
-# Whoever holds a GPU runs the same command; it continues the queue from the committed runs, so each
-# lease adds runs until the comparison is complete (a run predicted to overrun the budget is left for
-# the next lease). Files written into OUT (a call returns at most 8): scale: scale.log,
+# Every call is the same command; it continues the queue from the committed runs, so each call adds
+# runs until the comparison is complete (a run predicted to overrun the budget is left for the next
+# call). Files written into OUT (a call returns at most 8): scale: scale.log,
 # scale/{scale_runs.jsonl,results.md,results.json,speed.md,speed.json}; bench: bench.log, loss.md, heads_32000.md,
 # heads_128000.md, heads_gpt2small.md, train.log. Each step has a time limit, and the scale queue a
 # budget (the part's seconds less what it has used), so that each part ends in time; a step that fails
@@ -123,7 +123,7 @@ else
     SCALE_S=520  # the scale part's seconds from its start to the queue's end (the call's limit is 600)
 fi
 
-part_bench() {  # correctness on CUDA, then issue 40's measurements, then train.py's speed (issue 39)
+part_bench() {  # correctness on CUDA, then the loss kernels' and heads' measurements, then train.py's speed
     step "CUDA tests" 150 $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}"
     step "fused loss against its peers" 60 $PY -m benchmarks.bench_gpu "${LOSS[@]}" --out "$OUT/loss.md"
     local vocab heads
@@ -150,7 +150,7 @@ print(f"=== train.py: {final['tokens_per_s']:,.0f} tokens/s, {final['achieved_tf
       + f", {final['device']}")
 runs = Path("studies/results/scale_gpt2small/scale_runs.jsonl").read_text().splitlines()
 study = [run for run in map(json.loads, runs) if run["name"] == "tied" and run["device"] == final["device"]]
-if study:  # the study's tied run on this kind of card (the same loop since issue 48)
+if study:  # the study's tied run on this kind of card (the loop every run trains with)
     run = study[-1]
     print(f"=== the scale study's tied run on this card: {run['tokens_per_s']:,.0f} tokens/s, MFU {run['mfu']:.1%}: "
           f"train.py at {final['tokens_per_s'] / run['tokens_per_s']:.2f}x its tokens/s")

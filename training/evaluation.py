@@ -49,7 +49,7 @@ def token_nll(accelerator, model, batch, task: str) -> tuple[torch.Tensor, torch
 
 @torch.no_grad()
 def evaluate_perplexity(accelerator, model, dataloader, task: str, bands=None) -> dict:
-    """Perplexity; with `bands` (an `hf_outheads.FrequencyBands`) also per frequency band, as `eval_bands`."""
+    """Perplexity; with `bands` (a `frequency_bands.FrequencyBands`) also per frequency band, as `eval_bands`."""
     model.eval()
     nll_sum, tokens, examples = 0.0, 0, 0
     for batch in dataloader:

@@ -38,8 +38,9 @@ Install the server's packages with: pip install 'hf_outheads[serve]'
 
 def make_classes_resolvable() -> None:
     """Put this package's causal class in the `transformers` namespace, where transformers' server
-    looks a checkpoint's class up by name: transformers/cli/serving/model_manager.py,
-    `ModelManager._load_model`: `architecture = getattr(transformers, config.architectures[0])`.
+    looks a checkpoint's class up by name
+    (`transformers.cli.serving.model_manager.ModelManager._load_model`:
+    `architecture = getattr(transformers, config.architectures[0])`).
     A class of custom code is not there (TRL's same lookup falls back to the config's `auto_map`);
     delete this function, and `hf-outheads serve` with it, once that line resolves `auto_map` too,
     so that `transformers serve MODEL --trust-remote-code` serves these models."""
