@@ -52,13 +52,21 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         self.add_model_tags(model_tags(config))  # into the cards Trainer.push_to_hub and TRL write
 
     def _check_backbone_shapes(self) -> None:
+        """The (decoder) input embedding is the `(vocab_size, d)` matrix the head's sizes come from, or a
+        ValueError naming the family: some embed more tokens than the `vocab_size` words their LM head scores
+        (CPM-Ant's prompt tokens, Moshi's padding token), and every head here scores each row of `E`."""
         dims, table = self.head.dims, self.output_embedding_matrix()
         shape = tuple(getattr(table, "ds_shape", table.shape))  # DeepSpeed ZeRO-3 (zero.Init): partitioned, shape (0,)
-        if shape != (dims.vocab_size, dims.embed_dim):
+        rows, width = shape[0], shape[-1]
+        family = f"The '{self.config.text_config.model_type}' backbone ({type(self.backbone).__name__})"
+        if rows != dims.vocab_size:
             raise ValueError(
-                f"The backbone's embedding matrix is {shape} but the head was built for "
-                f"({dims.vocab_size}, {dims.embed_dim}); check text_config.vocab_size / hidden sizes."
-            )
+                f"{family} embeds {rows} tokens where its config's vocab_size, the words the family's LM head scores, "
+                f"is {dims.vocab_size}: every hf_outheads head scores each row of the input embedding, so none "
+                "computes this family's logits.")
+        if width != dims.embed_dim:
+            raise ValueError(f"{family} embeds tokens in {width} dimensions where its config gives {dims.embed_dim} "
+                             "(hidden_size or its embedding width): no hf_outheads head reads this embedding.")
 
     def _init_weights(self, module):
         """The head initialises on a fork of the global random state, so the backbone's init
