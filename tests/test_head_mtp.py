@@ -161,6 +161,28 @@ def test_greedy_drafting_is_token_identical_to_greedy(family, form):
     assert 0 < accepted < proposed, (accepted, proposed)  # drafts were both kept and refused
 
 
+def test_drafting_returns_every_layers_states_when_asked():
+    """`output_hidden_states=True` with `return_dict_in_generate=True`: the states of every layer, per new token, as
+    greedy without drafting returns them (the verification forwards capture every layer, the drafts read the last);
+    a partial capture, which transformers' assisted decoding cannot split per token, is refused in one line."""
+    model = mtp_model(seed=1).eval()
+    options = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, repetition_penalty=1.5,
+                   return_dict_in_generate=True, output_hidden_states=True)
+    for prompt in prompts(2):
+        plain = model.generate(prompt, **options)
+        drafted = model.generate(prompt, use_mtp=True, **options)
+        assert torch.equal(drafted.sequences, plain.sequences)
+        assert sum(model.head.draft_counts.accepted) > 0  # some verification forwards scored several tokens
+        assert len(drafted.hidden_states) == len(plain.hidden_states) == 12
+        for got, want in zip(drafted.hidden_states, plain.hidden_states):
+            assert len(got) == len(want) == model.head.dims.num_layers + 1
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"Head 'mtp': use_mtp=True returns the hidden states of every layer or of "
+                                         r"none, not output_hidden_states=\[-1\]"):
+        model.generate(prompts(1)[0], max_new_tokens=3, use_mtp=True, output_hidden_states=[-1])
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_a_prompt_given_as_embeddings_drafts_as_its_ids(form, monkeypatch):
     """Issue 47 item 16: `generate(inputs_embeds=..., use_mtp=True)` took the prompt's length from
