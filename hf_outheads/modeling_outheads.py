@@ -146,13 +146,15 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None, return_logits=None,
         token_ids=None,
     ):
-        """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss, aux_terms),
-        `loss` = `nll_loss` (the token-mean NLL) + the head's `extra_nll_sum` over the same count
-        (`mtp`'s future tokens) + `aux_loss` (a per-micro-batch training term, DOC's), weighted by
-        this batch's share of `num_items_in_batch` when that is given: summed over a window's
+        """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss, aux_terms).
+        In training, `loss` = `nll_loss` (the token-mean NLL) + the head's `extra_nll_sum` over the same
+        count (`mtp`'s future tokens, the z-loss) + `aux_loss` (a per-micro-batch training term, DOC's),
+        weighted by this batch's share of `num_items_in_batch` when that is given: summed over a window's
         micro-batches and processes as Trainer and `training/train.py` sum the losses, it counts
-        once (a token-weighted mean), not once per micro-batch and process; `aux_terms` names
-        the extra terms' parts, for logging. `return_logits` (forward argument): None lets the head decide
+        once (a token-weighted mean), not once per micro-batch and process. Outside training (`eval()`)
+        `loss` is `nll_loss` alone, so that `exp(loss)` is the perplexity (Trainer's `eval_loss`, as
+        `training/evaluation.py` computes it); `aux_terms` still names the extra terms' parts (`mtp_nll_k`).
+        `return_logits` (forward argument): None lets the head decide
         (mixture heads return `logits=None` when training with labels), True always computes logits,
         False skips them when labels are given. `token_ids`: the (decoder) input ids, or None."""
         if labels is None:
@@ -175,9 +177,9 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             count = tokens if num_items_in_batch is None else num_items_in_batch
             count = torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0
             loss = nll = out.nll_sum / count
-            if out.extra_nll_sum is not None:
+            if self.training and out.extra_nll_sum is not None:
                 loss = loss + out.extra_nll_sum / count
-            if out.aux_loss is not None:  # a per-micro-batch term: this batch's share of the count
+            if self.training and out.aux_loss is not None:  # a per-micro-batch term: this batch's share of the count
                 loss = loss + out.aux_loss * (tokens / count)
         return loss, nll, out.logits, out.aux_loss, out.aux_terms
 
