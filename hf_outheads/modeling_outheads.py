@@ -19,7 +19,7 @@ from transformers.utils.generic import can_return_tuple
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
-from .backbones import head_dims
+from .backbones import cache_name, head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
 from .model_io import (PACKAGE, LibraryHooks, OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind,
                        check_token_ids, effective_embedding_weight, embedding_rows, fused_outputs, model_tags,
@@ -243,6 +243,15 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
 
     encoder_decoder = False  # the backbone kind this class runs (model_io.check_backbone_kind)
 
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, inputs_embeds=None, **kwargs):
+        """`GenerationMixin`'s, with the whole sequence at every step for a backbone without a cache
+        (`backbones.CACHE_NAMES`), as its family's own model does. (`inputs_embeds` named: transformers
+        reads this signature to tell that a prompt given as embeddings reaches `forward`.)"""
+        if cache_name(self.config.text_config) is None:
+            next_sequence_length = None
+        return super().prepare_inputs_for_generation(input_ids, next_sequence_length=next_sequence_length,
+                                                     inputs_embeds=inputs_embeds, **kwargs)
+
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # the name before transformers 5.24, as its models
     @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
@@ -263,18 +272,21 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         """`labels` are the input ids (shifted here); `shift_labels` are already shifted (label of
         position t = token t + 1), as transformers' causal LMs accept them: in `kwargs`, as theirs, so
         that Trainer's label names (every forward parameter named `*label*`) are `["labels"]`.
-        `fused_lm_head=True`: TRL's per-token outputs instead (`model_io.FusedLMHeadOutput`)."""
+        `fused_lm_head=True`: TRL's per-token outputs instead (`model_io.FusedLMHeadOutput`). `cache`
+        (taken and returned) is the backbone's cache under the family's own name (`backbones.CACHE_NAMES`:
+        RWKV's recurrent `state`; None for a family without one), so that `generate` carries it."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch, shift_labels = kwargs.pop("num_items_in_batch", None), kwargs.pop("shift_labels", None)
+        cache_key = cache_name(self.config.text_config)  # (RWKV's recurrent state is its `state`)
         outputs = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=ask_hidden,
             return_dict=True,
+            **({cache_key: cache} if cache_key else {}),
             **kwargs,
         )
         if fused_lm_head:
@@ -295,7 +307,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_loss=aux_loss,
             aux_terms=aux_terms,
             logits=logits,
-            cache=getattr(outputs, "cache", None),  # (none in the outputs of some families: Mamba, RWKV, XLM, ...)
+            cache=getattr(outputs, cache_key, None) if cache_key else None,
             hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden, outputs.last_hidden_state),
             attentions=getattr(outputs, "attentions", None),
         )
