@@ -81,9 +81,11 @@ def uncommon_cache_original(family):
 
     torch.manual_seed(0)
     if family == "rwkv":
-        return RwkvForCausalLM(RwkvConfig(vocab_size=VOCAB, hidden_size=32, attention_hidden_size=32, intermediate_size=64,
-                                          num_hidden_layers=2, context_length=64, bos_token_id=1, eos_token_id=2)).eval()
-    return OpenAIGPTLMHeadModel(OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64)).eval()
+        config = RwkvConfig(vocab_size=VOCAB, hidden_size=32, attention_hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, context_length=64, bos_token_id=1, eos_token_id=2)
+        return RwkvForCausalLM(config).eval()
+    config = OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    return OpenAIGPTLMHeadModel(config).eval()
 
 
 @pytest.mark.parametrize("family", ["rwkv", "openai-gpt"])

@@ -132,12 +132,13 @@ def test_a_family_embedding_more_tokens_than_its_head_scores_is_refused_by_name(
     from transformers import CpmAntConfig, CpmAntForCausalLM, MoshiConfig, MoshiForCausalLM
 
     if family == "cpmant":
-        original = CpmAntForCausalLM(CpmAntConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                  dim_head=16, dim_ff=64, prompt_types=2, prompt_length=4))
+        original = CpmAntForCausalLM(CpmAntConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                  num_attention_heads=2, dim_head=16, dim_ff=64, prompt_types=2,
+                                                  prompt_length=4))
         rows, body = 72, "CpmAntModel"
     else:
-        original = MoshiForCausalLM(MoshiConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                num_key_value_heads=2, head_dim=16, ffn_dim=64))
+        original = MoshiForCausalLM(MoshiConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                num_attention_heads=2, num_key_value_heads=2, head_dim=16, ffn_dim=64))
         rows, body = 65, "MoshiModel"
     refusal = (rf"The '{family}' backbone \({body}\) embeds {rows} tokens where its config's vocab_size, the words "
                r"the family's LM head scores, is 64: every hf_outheads head scores each row of the input embedding")
