@@ -45,7 +45,7 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
 
     main(["--help"])
     usage = capsys.readouterr().out
-    assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "export", "mtp-distill")), usage
+    assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "export", "mtp-distill", "serve")), usage
     with pytest.raises(SystemExit) as error:
         main([])
     said = capsys.readouterr()
@@ -54,7 +54,7 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
     with pytest.raises(SystemExit) as error:
         main(["trian"])
     assert error.value.code == 2 and capsys.readouterr().err.strip() == (
-        "hf-outheads: error: unknown command 'trian'; choose one of quickstart, train, export, mtp-distill.")
+        "hf-outheads: error: unknown command 'trian'; choose one of quickstart, train, export, mtp-distill, serve.")
     scripts = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"hf-outheads": "hf_outheads.cli:main"}
 
