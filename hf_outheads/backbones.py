@@ -55,6 +55,13 @@ UNREPRESENTABLE: dict[str, tuple[str | None, str]] = {
     "xlnet": (None, "XLNetLMHeadModel's loss scores each position's own label (its labels are not shifted)"),
 }
 
+# model_type -> the name under which the family's backbone takes and returns its cache, where it is not `cache`
+# (transformers' RWKV: its recurrent `state`, which RwkvForCausalLM carries between generation steps itself), or None
+# for a family without one (OpenAI GPT: OpenAIGPTLMHeadModel.prepare_inputs_for_generation passes the whole
+# sequence at every step). The wrapped model takes and returns the cache as `cache`, as for every other family, so
+# that `generate` carries it, and without one reads the whole sequence at every step.
+CACHE_NAMES: dict[str, str | None] = {"rwkv": "state", "openai-gpt": None}
+
 # Names of buffers of the original *ForConditionalGeneration / *ForCausalLM that hold a
 # per-word output bias added to the logits (BART, mBART, Marian, Pegasus, Blenderbot).
 OUTPUT_BIAS_BUFFERS = ("final_logits_bias",)
@@ -80,6 +87,11 @@ def hidden_scale(text_config) -> float:
     flag = True if flags is None else next(
         (getattr(text_config, n) for n in flags if getattr(text_config, n, None) is not None), False)
     return float(getattr(text_config, attribute)) ** exponent if flag else 1.0
+
+
+def cache_name(text_config) -> str | None:
+    """The backbone's name for its cache (`CACHE_NAMES`; "cache" for most families, None: it has none)."""
+    return CACHE_NAMES.get(text_config.model_type, "cache")
 
 
 def head_config(config):

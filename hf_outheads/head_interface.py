@@ -52,11 +52,12 @@ class HeadOutput(ModelOutput):
 
     `nll_sum` is the summed negative log-likelihood of the non-ignored labels (the model
     divides by the token count); `extra_nll_sum` a further (weighted) per-token training term,
-    summed, that the model divides by the same count and adds to `loss`, not to `nll_loss` (the
+    summed, that the model divides by the same count and adds to `loss` in training, never to `nll_loss` (the
     `mtp` head's future tokens, the z-loss): it sums over micro-batches and processes as
     `nll_sum` does (only the gradient of the two together is defined: a fused loss computes it
     in one pass and hands it over with `nll_sum`); `aux_loss` is an extra training term that is a mean over its micro-batch
-    (DOC's regulariser); `aux_terms` names the parts of the extra terms, detached, for logging
+    (DOC's regulariser); outside training the model's `loss` is the NLL alone, whatever the head returns;
+    `aux_terms` names the parts of the extra terms, detached, for logging
     (`{"mtp_nll_1": ..., ...}`; None: nothing to log apart).
     A `ModelOutput` (a dict), so that libraries that hook module outputs find its tensors:
     DeepSpeed ZeRO-3 gathers the head's parameters again before the head's backward by a hook

@@ -18,9 +18,10 @@ same count, `num_items_in_batch` when given), so that it sums over micro-batches
 next-token loss does, in `training/train.py` and in `Trainer` alike (depth k has k fewer labels per
 sequence, so this is its mean times `(T - 1 - k) / (T - 1)` on full sequences of T tokens).
 `aux_terms` holds each depth's mean NLL (`mtp_nll_k`), which the training loop logs apart.
-The future terms are computed whenever labels are given (in evaluation
-too: `loss` is then the training objective, `nll_loss` the next-token NLL; the package's evaluation
-scores the logits without labels, so it pays nothing for them).
+The future terms are computed whenever labels are given; outside training (`eval()`) the model leaves
+them out of `loss`, which is then the next-token NLL (`exp(eval_loss)` the perplexity), and `aux_terms`
+still names each depth's loss (the package's evaluation scores the logits without labels, so it pays
+nothing for them).
 The future losses run through the shared head's memory-lean loss (`return_logits=False`: the
 chunked loss, or the sampled one when the shared head trains with it), in bf16 as it does.
 

@@ -71,9 +71,9 @@ class OutHeadsCausalLMOutput(CausalLMOutputWithPast):
     `returns_log_probs` (the mixtures `mos` and `doc`, and `lightrnn`), normalised log-probabilities, which
     `softmax` and `log_softmax` give back unchanged; compare two models' `logits` after `log_softmax`.
     Plus terms of `loss`: `nll_loss`, the token-mean next-token NLL, and `aux_loss`,
-    a head's per-micro-batch training term (DOC's regulariser; None for most heads); `loss` also holds a head's
-    further token-mean terms (`mtp`'s future tokens), whose parts `aux_terms` names for logging
-    (`{"mtp_nll_1": ...}`; None for most heads)."""
+    a head's per-micro-batch training term (DOC's regulariser; None for most heads); in training `loss` also
+    holds a head's further token-mean terms (`mtp`'s future tokens), whose parts `aux_terms` names for logging
+    (`{"mtp_nll_1": ...}`; None for most heads). Outside training `loss` is `nll_loss`."""
 
     nll_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None

@@ -19,7 +19,7 @@ from transformers.utils.generic import can_return_tuple
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
-from .backbones import head_dims
+from .backbones import cache_name, head_dims
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
 from .model_io import (PACKAGE, LibraryHooks, OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind,
                        check_token_ids, effective_embedding_weight, embedding_rows, fused_outputs, model_tags,
@@ -52,13 +52,21 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         self.add_model_tags(model_tags(config))  # into the cards Trainer.push_to_hub and TRL write
 
     def _check_backbone_shapes(self) -> None:
+        """The (decoder) input embedding is the `(vocab_size, d)` matrix the head's sizes come from, or a
+        ValueError naming the family: some embed more tokens than the `vocab_size` words their LM head scores
+        (CPM-Ant's prompt tokens, Moshi's padding token), and every head here scores each row of `E`."""
         dims, table = self.head.dims, self.output_embedding_matrix()
         shape = tuple(getattr(table, "ds_shape", table.shape))  # DeepSpeed ZeRO-3 (zero.Init): partitioned, shape (0,)
-        if shape != (dims.vocab_size, dims.embed_dim):
+        rows, width = shape[0], shape[-1]
+        family = f"The '{self.config.text_config.model_type}' backbone ({type(self.backbone).__name__})"
+        if rows != dims.vocab_size:
             raise ValueError(
-                f"The backbone's embedding matrix is {shape} but the head was built for "
-                f"({dims.vocab_size}, {dims.embed_dim}); check text_config.vocab_size / hidden sizes."
-            )
+                f"{family} embeds {rows} tokens where its config's vocab_size, the words the family's LM head scores, "
+                f"is {dims.vocab_size}: every hf_outheads head scores each row of the input embedding, so none "
+                "computes this family's logits.")
+        if width != dims.embed_dim:
+            raise ValueError(f"{family} embeds tokens in {width} dimensions where its config gives {dims.embed_dim} "
+                             "(hidden_size or its embedding width): no hf_outheads head reads this embedding.")
 
     def _init_weights(self, module):
         """The head initialises on a fork of the global random state, so the backbone's init
@@ -138,13 +146,15 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         self, last_hidden, hidden_states, labels, logits_to_keep, num_items_in_batch=None, return_logits=None,
         token_ids=None,
     ):
-        """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss, aux_terms),
-        `loss` = `nll_loss` (the token-mean NLL) + the head's `extra_nll_sum` over the same count
-        (`mtp`'s future tokens) + `aux_loss` (a per-micro-batch training term, DOC's), weighted by
-        this batch's share of `num_items_in_batch` when that is given: summed over a window's
+        """Run the head on the kept positions; return (loss, nll_loss, logits, aux_loss, aux_terms).
+        In training, `loss` = `nll_loss` (the token-mean NLL) + the head's `extra_nll_sum` over the same
+        count (`mtp`'s future tokens, the z-loss) + `aux_loss` (a per-micro-batch training term, DOC's),
+        weighted by this batch's share of `num_items_in_batch` when that is given: summed over a window's
         micro-batches and processes as Trainer and `training/train.py` sum the losses, it counts
-        once (a token-weighted mean), not once per micro-batch and process; `aux_terms` names
-        the extra terms' parts, for logging. `return_logits` (forward argument): None lets the head decide
+        once (a token-weighted mean), not once per micro-batch and process. Outside training (`eval()`)
+        `loss` is `nll_loss` alone, so that `exp(loss)` is the perplexity (Trainer's `eval_loss`, as
+        `training/evaluation.py` computes it); `aux_terms` still names the extra terms' parts (`mtp_nll_k`).
+        `return_logits` (forward argument): None lets the head decide
         (mixture heads return `logits=None` when training with labels), True always computes logits,
         False skips them when labels are given. `token_ids`: the (decoder) input ids, or None."""
         if labels is None:
@@ -167,9 +177,9 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             count = tokens if num_items_in_batch is None else num_items_in_batch
             count = torch.as_tensor(count, device=out.nll_sum.device).clamp_min(1)  # no label: 0
             loss = nll = out.nll_sum / count
-            if out.extra_nll_sum is not None:
+            if self.training and out.extra_nll_sum is not None:
                 loss = loss + out.extra_nll_sum / count
-            if out.aux_loss is not None:  # a per-micro-batch term: this batch's share of the count
+            if self.training and out.aux_loss is not None:  # a per-micro-batch term: this batch's share of the count
                 loss = loss + out.aux_loss * (tokens / count)
         return loss, nll, out.logits, out.aux_loss, out.aux_terms
 
@@ -233,6 +243,15 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
 
     encoder_decoder = False  # the backbone kind this class runs (model_io.check_backbone_kind)
 
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, inputs_embeds=None, **kwargs):
+        """`GenerationMixin`'s, with the whole sequence at every step for a backbone without a cache
+        (`backbones.CACHE_NAMES`), as its family's own model does. (`inputs_embeds` named: transformers
+        reads this signature to tell that a prompt given as embeddings reaches `forward`.)"""
+        if cache_name(self.config.text_config) is None:
+            next_sequence_length = None
+        return super().prepare_inputs_for_generation(input_ids, next_sequence_length=next_sequence_length,
+                                                     inputs_embeds=inputs_embeds, **kwargs)
+
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # the name before transformers 5.24, as its models
     @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
@@ -253,18 +272,21 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         """`labels` are the input ids (shifted here); `shift_labels` are already shifted (label of
         position t = token t + 1), as transformers' causal LMs accept them: in `kwargs`, as theirs, so
         that Trainer's label names (every forward parameter named `*label*`) are `["labels"]`.
-        `fused_lm_head=True`: TRL's per-token outputs instead (`model_io.FusedLMHeadOutput`)."""
+        `fused_lm_head=True`: TRL's per-token outputs instead (`model_io.FusedLMHeadOutput`). `cache`
+        (taken and returned) is the backbone's cache under the family's own name (`backbones.CACHE_NAMES`:
+        RWKV's recurrent `state`; None for a family without one), so that `generate` carries it."""
         ask_hidden, return_hidden = self._needs_hidden_states(output_hidden_states)
         num_items_in_batch, shift_labels = kwargs.pop("num_items_in_batch", None), kwargs.pop("shift_labels", None)
+        cache_key = cache_name(self.config.text_config)  # (RWKV's recurrent state is its `state`)
         outputs = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=ask_hidden,
             return_dict=True,
+            **({cache_key: cache} if cache_key else {}),
             **kwargs,
         )
         if fused_lm_head:
@@ -285,7 +307,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_loss=aux_loss,
             aux_terms=aux_terms,
             logits=logits,
-            cache=getattr(outputs, "cache", None),  # (none in the outputs of some families: Mamba, RWKV, XLM, ...)
+            cache=getattr(outputs, cache_key, None) if cache_key else None,
             hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden, outputs.last_hidden_state),
             attentions=getattr(outputs, "attentions", None),
         )

@@ -60,7 +60,9 @@ class FutureDrafts(CandidateGenerator):
     """transformers' `CandidateGenerator` protocol for drafts computed from the main model's outputs
     (`requires_model_outputs`, as its own `MTPCandidateGenerator`): the first call returns no draft,
     so that the prompt's forward runs first; later calls read the backbone's last states of the
-    verified positions from `model_outputs.hidden_states[-1]`. Counts drafts in `head.draft_counts`.
+    verified positions from `model_outputs.hidden_states[-1]`: each verification forward asks for the
+    final states alone (`output_hidden_states=-1`), or for every layer where the caller asked for them
+    (`generate(output_hidden_states=True)`), which hold the final states too. Counts drafts in `head.draft_counts`.
     `prompt_embeds`: the leading prompt positions given only as embeddings (`generate(inputs_embeds=...)`,
     whose `input_ids` then hold the generated tokens alone), `(1, P, d)`, or None: positions count from
     the first of them, and the sequential form reads their rows as the tokens ahead (the rows the
@@ -73,13 +75,20 @@ class FutureDrafts(CandidateGenerator):
     logits_processor: object = None
     prompt_embeds: torch.Tensor | None = None
     requires_model_outputs = True
-    model_kwargs_overrides = {"output_hidden_states": -1}  # the final states only (no capture: see the model's forward)
+    model_kwargs_overrides: dict = field(init=False)
     caches: list = field(init=False)
 
     def __post_init__(self):
         if self.model.config.is_encoder_decoder:
             raise ValueError("Head 'mtp': use_mtp=True drafts for decoder-only (causal) models; generate with this "
                              "seq2seq model without it.")
+        wanted = self.generation_config.output_hidden_states
+        if wanted not in (None, False, True):
+            raise ValueError(f"Head 'mtp': use_mtp=True returns the hidden states of every layer or of none, not "
+                             f"output_hidden_states={wanted!r}: transformers' assisted decoding splits each returned "
+                             "layer per token. Pass output_hidden_states=True, or generate without use_mtp.")
+        # the final states only (no capture: see the model's forward), unless the caller asked for every layer
+        self.model_kwargs_overrides = {} if wanted else {"output_hidden_states": -1}
         depth = len(self.head.predictors)
         self.caches = [BlockCache() for _ in range(depth)]
         self.unread = [None] * depth  # unread[k]: depth k's exact outputs that depth k + 1 has not read yet

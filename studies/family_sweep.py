@@ -11,9 +11,10 @@ with tiny sizes (`SIZES`, set where the config declares the field; `FAMILY_SIZES
 its sizes together), with every config number that looks like a logit transform (`LOGIT_FIELDS`) set
 to one that changes the logits, and its output matrix scaled until its logits reach `LOGIT_SIZE`, so
 that a transform the conversion missed shows. Then `from_backbone(original)` (the original head's own
-form) must give the same logits (fp32, to 1e-5), loss and greedy tokens, or refuse with a ValueError.
+form) must give the same logits (fp32, to 1e-5), loss, and cached greedy generation (`NEW_TOKENS` tokens, token
+for token, and each step's logits), or refuse with a ValueError.
 Outcomes (`Outcome.status`):
-  - "exact": logits, loss and greedy tokens equal (tokens where the original can generate);
+  - "exact": logits, loss and cached greedy generation equal (where the original can generate);
   - "refused": `from_backbone` raised a ValueError (its message is the reason);
   - "unbuildable": the tiny original could not be built or run here (its error is the reason);
   - "skipped": not tried: multimodal classes (a vision or audio sub-config; their text model is a family
@@ -81,6 +82,7 @@ LOGIT_FIELDS = re.compile(r"logit|soft_?cap|lm_head")
 LOGIT_VALUE = 4.0
 MULTIMODAL = re.compile(r"vision|audio|speech|image|video|encoder_config|codec|depth_decoder")
 IDS = (3, VOCAB)  # token ids of the inputs: no special ids
+NEW_TOKENS = 4  # greedy tokens generated (with the cache) and compared, each step's logits too
 
 
 @dataclass
@@ -216,9 +218,12 @@ def large_logits(model, inputs: dict) -> None:
 
 
 @torch.no_grad()
-def greedy(model, ids: torch.Tensor, seq2seq: bool) -> torch.Tensor:
+def greedy(model, ids: torch.Tensor, seq2seq: bool):
+    """Cached greedy generation of `NEW_TOKENS` tokens: its tokens and each step's logits."""
     extra = {"decoder_start_token_id": 0} if seq2seq else {}
-    return model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, **extra)
+    out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, use_cache=True,
+                         return_dict_in_generate=True, output_logits=True, **extra)
+    return out.sequences, torch.stack(out.logits, dim=1).float()
 
 
 def check(family: str, class_name: str, seq2seq: bool) -> Outcome:
@@ -250,15 +255,21 @@ def check(family: str, class_name: str, seq2seq: bool) -> Outcome:
     except Exception as error:  # noqa: BLE001
         return outcome("differs", f"the converted model fails: {one_line(error)}")
     try:
-        tokens = greedy(original, inputs["input_ids"], seq2seq)
+        tokens, logits = greedy(original, inputs["input_ids"], seq2seq)
     except Exception as error:  # noqa: BLE001
         return outcome("exact", f"logits and loss (greedy not compared: the original's generate fails: "
                                 f"{one_line(error)})")
     try:
-        same = torch.equal(greedy(converted, inputs["input_ids"], seq2seq), tokens)
+        got_tokens, got_logits = greedy(converted, inputs["input_ids"], seq2seq)
     except Exception as error:  # noqa: BLE001
         return outcome("differs", f"generate fails: {one_line(error)}")
-    return outcome("exact") if same else outcome("differs", "greedy tokens differ")
+    if not torch.equal(got_tokens, tokens):
+        return outcome("differs", "cached greedy tokens differ")
+    differ = [step for step in range(logits.shape[1])
+              if not torch.allclose(got_logits[:, step], logits[:, step], rtol=1e-5, atol=1e-5)]
+    if differ:
+        return outcome("differs", f"cached greedy generation's logits differ at new tokens {[s + 1 for s in differ]}")
+    return outcome("exact")
 
 
 def sweep(only: list[str] | None = None) -> list[Outcome]:

@@ -45,7 +45,7 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
 
     main(["--help"])
     usage = capsys.readouterr().out
-    assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "export", "mtp-distill")), usage
+    assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "export", "mtp-distill", "serve")), usage
     with pytest.raises(SystemExit) as error:
         main([])
     said = capsys.readouterr()

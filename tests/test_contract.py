@@ -221,7 +221,7 @@ def test_a_training_step_reads_nothing_back_from_the_device(head, backbone):
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
 def test_loss_is_cross_entropy_of_logits(head, backbone):
-    """The head's own loss (`nll_loss`; `loss` minus any auxiliary term) is the NLL of the scores it returns."""
+    """The head's own loss (`nll_loss`) is the NLL of the scores it returns, and so is `loss` outside training."""
     model = tiny_model(backbone, head, HEAD_CASES[head])
     data = batch(backbone)
     with torch.no_grad():
@@ -235,8 +235,8 @@ def test_loss_is_cross_entropy_of_logits(head, backbone):
         logits, labels = logits[:, :-1], labels[:, 1:]
     want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
     torch.testing.assert_close(out.nll_loss, want, rtol=1e-4, atol=1e-5)
-    if out.aux_terms is None:  # no training term beside the NLL but a per-micro-batch aux_loss (DOC's)
-        torch.testing.assert_close(out.loss - (out.aux_loss if out.aux_loss is not None else 0), want, rtol=1e-4, atol=1e-5)
+    # outside training `loss` is the next-token NLL, every head's training terms left out: exp(loss) is the perplexity
+    torch.testing.assert_close(out.loss, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)
@@ -264,10 +264,11 @@ def test_bf16_forward_and_backward(head, backbone):
     with torch.no_grad():
         fp32_loss = model(**data).loss
     model.to(torch.bfloat16)
-    loss = model(**data).loss
-    loss.backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.head.parameters())
+    with torch.no_grad():
+        loss = model(**data).loss
     torch.testing.assert_close(loss.float(), fp32_loss, rtol=0.05, atol=0.05)
+    model.train()(**data).loss.backward()  # a training step's loss: every head's parameters in it (mtp's predictors)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.head.parameters())
 
 
 @pytest.mark.parametrize("head,backbone", CASES, ids=IDS)

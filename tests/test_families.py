@@ -1,6 +1,6 @@
 """Every causal and encoder-decoder family of the installed transformers, converted with large logits
-(`studies/family_sweep.py`): none converts silently to other logits, loss or greedy tokens, and what each
-one does (exact, refused with its reason, not buildable here with its reason, skipped) is what
+(`studies/family_sweep.py`): none converts silently to other logits, loss or cached greedy generation, and
+what each one does (exact, refused with its reason, not buildable here with its reason, skipped) is what
 `studies/results/families.json` records and docs/families.md's generated list shows, so that a new
 transformers release shows what it broke (rerun `python -m studies.family_sweep`, then
 `python -m tools.doc_tables`)."""

@@ -73,3 +73,39 @@ def test_left_padding_does_not_change_a_row(name):
     alone = model.generate(input_ids=ids[:1, 2:], max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                            do_sample=False, pad_token_id=0)
     assert torch.equal(padded[0, -NEW_TOKENS:], alone[0, -NEW_TOKENS:])
+
+
+def uncommon_cache_original(family):
+    """A tiny original whose cache is not transformers' `cache`: RWKV's recurrent `state`, OpenAI GPT's none."""
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel, RwkvConfig, RwkvForCausalLM
+
+    torch.manual_seed(0)
+    if family == "rwkv":
+        config = RwkvConfig(vocab_size=VOCAB, hidden_size=32, attention_hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, context_length=64, bos_token_id=1, eos_token_id=2)
+        return RwkvForCausalLM(config).eval()
+    config = OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    return OpenAIGPTLMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("family", ["rwkv", "openai-gpt"])
+def test_a_family_with_its_own_cache_or_none_generates_as_the_original(family):
+    """RWKV keeps its recurrent state under its own name (`state`): the converted model returns it as `cache` and
+    takes it back; OpenAI GPT has no cache: each step reads the whole sequence. Either way cached greedy generation
+    scores every step as the original's forward over the whole sequence does (one sequence: transformers' RWKV
+    steps a batch of several wrongly with its own state)."""
+    original = uncommon_cache_original(family)
+    converted = OutHeadsForCausalLM.from_backbone(original).eval()
+    ids = prompt(batch_size=1, length=6)
+    options = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                   return_dict_in_generate=True, output_logits=True)
+    got, want = converted.generate(ids, **options), original.generate(ids, **options)
+    assert torch.equal(got.sequences, want.sequences)
+    with torch.no_grad():
+        whole = original(got.sequences).logits[:, ids.shape[1] - 1 : -1]  # each new token's scores, no cache
+    torch.testing.assert_close(torch.stack(got.logits, dim=1), whole, rtol=1e-4, atol=1e-4)
+    if family == "rwkv":  # the state returned as `cache` continues the sequence
+        with torch.no_grad():
+            first = converted(ids[:, :-1], use_cache=True)
+            step = converted(ids[:, -1:], cache=first.cache, use_cache=True).logits
+            torch.testing.assert_close(step[:, -1], original(ids).logits[:, -1], rtol=1e-4, atol=1e-4)

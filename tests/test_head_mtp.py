@@ -52,7 +52,7 @@ def reference_future_nll(model, data, k):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_future_losses_are_the_shifted_cross_entropies_weighted(form):
-    model = mtp_model(form=form, loss_weight=0.5)
+    model = mtp_model(form=form, loss_weight=0.5).train()
     data = batch("llama", length=9)
     out = model(**data)
     terms = [reference_future_nll(model, data, k) for k in (1, 2, 3)]
@@ -159,6 +159,28 @@ def test_greedy_drafting_is_token_identical_to_greedy(family, form):
             accepted, proposed = accepted + sum(counts.accepted), proposed + sum(counts.proposed)
             assert counts.tokens == 20 and counts.rounds <= 20  # every round verifies; some add several tokens
     assert 0 < accepted < proposed, (accepted, proposed)  # drafts were both kept and refused
+
+
+def test_drafting_returns_every_layers_states_when_asked():
+    """`output_hidden_states=True` with `return_dict_in_generate=True`: the states of every layer, per new token, as
+    greedy without drafting returns them (the verification forwards capture every layer, the drafts read the last);
+    a partial capture, which transformers' assisted decoding cannot split per token, is refused in one line."""
+    model = mtp_model(seed=1).eval()
+    options = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, repetition_penalty=1.5,
+                   return_dict_in_generate=True, output_hidden_states=True)
+    for prompt in prompts(2):
+        plain = model.generate(prompt, **options)
+        drafted = model.generate(prompt, use_mtp=True, **options)
+        assert torch.equal(drafted.sequences, plain.sequences)
+        assert sum(model.head.draft_counts.accepted) > 0  # some verification forwards scored several tokens
+        assert len(drafted.hidden_states) == len(plain.hidden_states) == 12
+        for got, want in zip(drafted.hidden_states, plain.hidden_states):
+            assert len(got) == len(want) == model.head.dims.num_layers + 1
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"Head 'mtp': use_mtp=True returns the hidden states of every layer or of "
+                                         r"none, not output_hidden_states=\[-1\]"):
+        model.generate(prompts(1)[0], max_new_tokens=3, use_mtp=True, output_hidden_states=[-1])
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -402,6 +424,33 @@ def test_trainer_trains_the_predictors(tmp_path, caplog):
     moved = [k for k, v in model.head.predictors.state_dict().items() if not torch.equal(v, before[k])]
     assert len(moved) == len(before)
     assert "without labels" not in caplog.text  # the labels reached the model
+
+
+def test_trainer_evaluate_reports_the_next_token_loss_whose_exp_is_the_perplexity(tmp_path):
+    """`Trainer.evaluate()`'s `eval_loss` is the next-token NLL, what `training/evaluation.py` reports (so
+    `exp(eval_loss)` is the perplexity), not the training objective with the future tokens' terms; a training
+    forward still adds them, and an evaluation forward still names each depth's loss (`mtp_nll_k`)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    from hf_outheads.training.evaluation import evaluate_perplexity
+
+    model = mtp_model(loss_weight=1.0)
+    ids = torch.randint(3, VOCAB, (8, 12), generator=torch.Generator().manual_seed(0))
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=4, report_to=[], use_cpu=True)
+    got = Trainer(model=model, args=args, eval_dataset=data).evaluate()["eval_loss"]
+    AcceleratorState._reset_state(True)
+    batches = [{"input_ids": part, "labels": part} for part in ids.split(4)]
+    want = evaluate_perplexity(Accelerator(cpu=True), model, batches, "causal_lm")["eval_loss"]
+    assert got == pytest.approx(want, rel=1e-5)
+    model.eval()
+    with torch.no_grad():
+        evaluated, trained = model(input_ids=ids, labels=ids), model.train()(input_ids=ids, labels=ids)
+    assert evaluated.loss == evaluated.nll_loss and set(evaluated.aux_terms) == {"mtp_nll_1", "mtp_nll_2", "mtp_nll_3"}
+    assert trained.loss > trained.nll_loss + 1.0  # the future terms (weight 1: their mean NLL) in training alone
 
 
 def test_trainer_with_label_smoothing_warns_once_that_the_predictors_do_not_train(tmp_path, caplog):

@@ -125,6 +125,29 @@ def test_a_family_whose_logits_no_head_computes_is_refused_by_name():
         OutHeadsForCausalLM.from_backbone(bert)
 
 
+@pytest.mark.parametrize("family", ["cpmant", "moshi"])
+def test_a_family_embedding_more_tokens_than_its_head_scores_is_refused_by_name(family):
+    """CPM-Ant embeds its prompt tokens and Moshi its padding token past the `vocab_size` words their LM head
+    scores: conversion and a model built on their config both refuse, naming the family and the counts."""
+    from transformers import CpmAntConfig, CpmAntForCausalLM, MoshiConfig, MoshiForCausalLM
+
+    if family == "cpmant":
+        original = CpmAntForCausalLM(CpmAntConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                  num_attention_heads=2, dim_head=16, dim_ff=64, prompt_types=2,
+                                                  prompt_length=4))
+        rows, body = 72, "CpmAntModel"
+    else:
+        original = MoshiForCausalLM(MoshiConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                num_attention_heads=2, num_key_value_heads=2, head_dim=16, ffn_dim=64))
+        rows, body = 65, "MoshiModel"
+    refusal = (rf"The '{family}' backbone \({body}\) embeds {rows} tokens where its config's vocab_size, the words "
+               r"the family's LM head scores, is 64: every hf_outheads head scores each row of the input embedding")
+    with pytest.raises(ValueError, match=refusal):
+        OutHeadsForCausalLM.from_backbone(original)
+    with pytest.raises(ValueError, match=refusal):
+        OutHeadsForCausalLM(OutHeadsConfig(text_config=original.config, head_type="linear"))
+
+
 def tiny_gpt2_config():
     return GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2,
                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)

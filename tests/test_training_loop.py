@@ -181,6 +181,21 @@ def test_the_eager_training_step_reads_nothing_from_the_device_between_logging_s
     assert all("data_loader.py" in where for step, _, where in host.reads if step == 0)
 
 
+def test_every_step_trains_in_training_mode_whatever_mode_the_model_came_in(tmp_path, monkeypatch):
+    """A converted pretrained model comes in eval mode (as from_pretrained gives it), where its loss is the
+    next-token NLL alone and dropout is off: every training step runs in training mode all the same."""
+    build, window_step, modes = training_run.build_model, loop.window_step, []
+
+    def recorded_step(accelerator, model, *args, **kwargs):
+        modes.append(model.training)
+        return window_step(accelerator, model, *args, **kwargs)
+
+    monkeypatch.setattr(training_run, "build_model", lambda *args: build(*args).eval())
+    monkeypatch.setattr(loop, "window_step", recorded_step)
+    run(tmp_path / "out")
+    assert modes == [True] * TINY["max_steps"]
+
+
 def test_a_steps_time_counts_the_wait_for_the_device_at_a_logging_step(tmp_path, monkeypatch):
     """The host runs ahead of the device and waits for it where it reads (the non-finite watch, the loss of a
     logging step): that wait belongs to the step that reads, so that the steps' times add up to the device's. A

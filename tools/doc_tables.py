@@ -229,7 +229,7 @@ def families_table() -> str:
     _, refused = sweep_rows("refused")
     names = ", ".join(f"`{o['family']}`" for o in exact)
     lines = [f"Exact on transformers {version} ({len(exact)} model classes: logits to 1e-5 in fp32 with logits "
-             f"far from 0, loss and greedy tokens): {names}.", "",
+             f"far from 0, loss, and cached greedy generation token for token with each step's logits): {names}.", "",
              "| refused | class | why |", "| --- | --- | --- |"]
     lines += [f"| `{o['family']}` | `{o['model_class']}` | {o['detail'].split('cannot be converted: ', 1)[-1]} |"
               for o in refused]

@@ -161,9 +161,12 @@ def stop_on_non_finite(options):
 def train_loop(accelerator, options, model, optimizer, scheduler, train_dl, hooks, log, progress, max_steps, save,
                callbacks=()):
     """Train until max_steps; returns (interrupted by stop_after_steps, seconds per optimizer step).
+    The model trains in training mode, as Trainer's does (a converted pretrained model comes in eval
+    mode, as from_pretrained gives it; in eval mode its loss would lack the head's training terms).
     `stop_after_steps` interrupts only a run that started below it, so rerunning finishes. Each of
     `callbacks` is called after every optimizer step as `callback(progress, step_times)`, with
     host values only (no device read); it may end the run by raising, and nothing more is saved."""
+    model.train()
     bar = tqdm(total=max_steps, initial=progress.step, disable=not accelerator.is_local_main_process, desc="train")
     running, step_times, started = RunningLoss(), [], time.perf_counter()
     watch = NonFiniteWatch(accelerator.device)
