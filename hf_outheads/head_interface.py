@@ -147,14 +147,15 @@ class OutputHead(nn.Module):
     contract_variants: ClassVar[dict[str, dict]] = {}
 
     def __init_subclass__(cls, **kwargs):
-        """A class naming its `head_type` hands it to its `Options` (which no other head may use)."""
+        """A class naming its `head_type` hands it, and itself (`head_class`), to its `Options` (which no
+        other head may use): an options object names the head it belongs to."""
         super().__init_subclass__(**kwargs)
         if "head_type" in vars(cls):
             owner = vars(cls.Options).get("head_type")
             if owner not in (None, cls.head_type):
                 raise TypeError(f"{cls.__name__}.Options ({cls.Options.__name__}) belongs to head '{owner}': "
                                 f"give head '{cls.head_type}' an options class of its own (a subclass).")
-            cls.Options.head_type = cls.head_type
+            cls.Options.head_type, cls.Options.head_class = cls.head_type, cls
 
     @classmethod
     def training_losses(cls) -> tuple[str, ...]:
