@@ -491,21 +491,6 @@ def test_the_corpus_does_not_depend_on_where_or_how_python_was_started():
     assert any(text.startswith("platform.architecture(executable=sys.executable") for text in texts)
 
 
-class CountedRegistry(dict):
-    """`HEAD_CLASSES` that counts the lookups of a head class by its name (`[]`, `.get`)."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.lookups = []
-
-    def __getitem__(self, key):
-        self.lookups.append(key)
-        return super().__getitem__(key)
-
-    def get(self, key, default=None):
-        self.lookups.append(key)
-        return super().get(key, default)
-
 
 @pytest.mark.parametrize("backbone", ["preset", "pretrained"])
 def test_a_train_run_looks_its_head_class_up_once(backbone, tmp_path, monkeypatch):
@@ -513,19 +498,16 @@ def test_a_train_run_looks_its_head_class_up_once(backbone, tmp_path, monkeypatc
     and card: the head class is looked up in the registry once, when the options are parsed
     (`ModelOptions.head`); the config, the model, its tags and its card read it from there. The
     head is built once, the run's."""
-    import sys
-
     from accelerate.state import AcceleratorState, GradientState
     from transformers import GPT2LMHeadModel
 
+    from head_cases import counted_lookups
     from hf_outheads.training import train
 
-    counted, heads, drill = CountedRegistry(HEAD_CLASSES), [], HEAD_CLASSES["drill"]
+    heads, drill = [], HEAD_CLASSES["drill"]
     init = drill.__init__
     monkeypatch.setattr(drill, "__init__", lambda self, *args: (heads.append(self), init(self, *args))[1])
-    for module in [m for name, m in sys.modules.items() if name.startswith("hf_outheads") and m is not None]:
-        if getattr(module, "HEAD_CLASSES", None) is HEAD_CLASSES:
-            monkeypatch.setattr(module, "HEAD_CLASSES", counted)
+    lookups = counted_lookups(monkeypatch)
     if backbone == "preset":
         given = ["--model_preset", "gpt2-tiny", "--model_overrides", "{n_embd: 32, n_layer: 1, n_head: 2}",
                  "--tokenizer", "bpe", "--tokenizer_vocab_size", "300"]
@@ -543,5 +525,5 @@ def test_a_train_run_looks_its_head_class_up_once(backbone, tmp_path, monkeypatc
                         "--sample_max_new_tokens", "2", "--dataloader_num_workers", "0",
                         "--output_dir", str(tmp_path / "run")])
     assert (tmp_path / "run" / "README.md").is_file() and "drill" in (tmp_path / "run" / "config.json").read_text()
-    assert counted.lookups == ["drill"]
+    assert lookups == ["drill"]
     assert len(heads) == 1  # the run's model's: the preflight checks the options from a config, building no head
