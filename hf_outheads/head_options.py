@@ -222,8 +222,8 @@ class HeadOptions(DeclaredOptions):
     papers' defaults (`integer`, `number`, `choice`, ...) and may override `complete`."""
 
     head_type: ClassVar[str] = "head"
-    # the head class these are the options of (set with `head_type` by `OutputHead.__init_subclass__`): what a
-    # model builds from its resolved options, without looking `head_type` up in the registry again
+    # the registered head class these are the options of (set by `head_interface.register_head`): what a model
+    # builds from its resolved options, without looking `head_type` up in the registry again
     head_class: ClassVar[type | None] = None
     # values of optional fields left unset (None): `scratch_defaults` for a head trained from
     # scratch (filled in by `resolve`), `conversion_defaults` for one started from a trained LM

@@ -126,7 +126,7 @@ def test_heads_register_explicitly_and_a_taken_name_is_refused():
     with pytest.raises(ValueError, match=r"Head type 'tied' is taken by hf_outheads\.head_tied\.TiedHead: give "
                                          r".*OtherTied another head_type"):
         register_head(OtherTied)
-    assert HEAD_CLASSES["tied"] is TiedHead
+    assert HEAD_CLASSES["tied"] is TiedHead and TiedHead.Options.head_class is TiedHead  # what a model builds
     with pytest.raises(TypeError, match="register_head takes an OutputHead subclass"):
         register_head(torch.nn.Linear)
 
