@@ -133,7 +133,7 @@ def build_model(head: str, vocab: int, backbone: str = "llama-2x256"):
     text = getattr(transformers, config_class)(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, **fields)
     spec = head_spec(head, HEAD_VARIANTS)  # a head of the package's catalog without a case here: its defaults
     torch.manual_seed(0)
-    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=spec.head_type, head_options=spec.options))
+    model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_options=spec.options))
     if head in COMPARED:
         use_reference_mos(model.head)
     return model

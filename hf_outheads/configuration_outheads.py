@@ -47,9 +47,10 @@ class OutHeadsConfig(PretrainedConfig):
             for its defaults) has none, and no model can be built from it.
         head_type: one of the registered heads (`linear`, `tied`, `bilinear`, ...); `tied` when
             omitted; required in a saved config.json.
-        head_options: the head's hyper-parameters, a dict (checked here against the head's
-            declarations) or the head's options object (checked when it was built, e.g. what a
-            training run's `HeadSpec` carries); omitted ones take the head's defaults. Resolved once
+        head_options: the head's hyper-parameters: a dict for `head_type` (checked here against the
+            head's declarations), or the head's options object, checked when it was built (what a
+            training run's `HeadSpec` carries), which names its head: `head_type` may then be
+            omitted. Omitted options take the head's defaults. Resolved once
             (`resolved_head_options`) and stored fully expanded as a dict, so a saved config states
             every value used.
         hidden_scale: positive factor on the final hidden state before the head; derived from
@@ -84,7 +85,8 @@ class OutHeadsConfig(PretrainedConfig):
                 raise ValueError(f"OutHeadsConfig got {' and '.join(given)} but no text_config (backbone config). "
                                  f"{FROM_BACKBONE}")
             return
-        self.head_type = "tied" if self.head_type is None else self.head_type
+        if self.head_type is None:  # an options object names its head; nothing: `tied`
+            self.head_type = self.head_options.head_type if isinstance(self.head_options, HeadOptions) else "tied"
         if self.vocab_size is not None and self.vocab_size != text.vocab_size:
             raise ValueError(
                 f"vocab_size={self.vocab_size} does not match the backbone's vocab_size={text.vocab_size}. "
@@ -106,16 +108,18 @@ class OutHeadsConfig(PretrainedConfig):
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs):
         """As `PretrainedConfig.from_dict` (config.json, `from_pretrained`), but a config without
-        `text_config` or `head_type` (another model's, or hand-written) is an error."""
+        `text_config` or `head_type` (another model's, or hand-written) is an error. Saved
+        `head_options` are built into the head's options object here (the head looked up once)."""
         missing = [key for key in ("text_config", "head_type") if config_dict.get(key) is None and kwargs.get(key) is None]
         if missing:
             kind = config_dict.get("model_type")
             raise ValueError(f"This {'`' + kind + '` ' if kind else ''}config has no {' and no '.join(missing)}, so it "
                              f"is not an hf_outheads config. {FROM_BACKBONE}")
-        saved = config_dict.get("head_options")
-        if isinstance(saved, dict):  # options added since it was saved keep that version's behaviour
-            options_class = get_head_class(kwargs.get("head_type") or config_dict["head_type"]).Options
-            config_dict = {**config_dict, "head_options": options_class.for_saved(saved)}
+        saved, head_type = config_dict.get("head_options"), kwargs.get("head_type") or config_dict["head_type"]
+        if isinstance(saved, dict) or saved is None:  # options added since it was saved keep that version's behaviour
+            options_class = get_head_class(head_type).Options
+            config_dict = {**config_dict, "head_type": head_type,
+                           "head_options": options_class.from_dict(options_class.for_saved(saved))}
         return super().from_dict(config_dict, **kwargs)
 
     def __getattr__(self, name: str):
@@ -147,11 +151,11 @@ class OutHeadsConfig(PretrainedConfig):
     @property
     def resolved_head_options(self) -> HeadOptions:
         """The one place a model's head options are resolved: `head_options` for `head_type`
-        (an options object as it is, a dict checked by `from_dict`), completed against the
-        backbone's sizes (`HeadOptions.resolve`), the object the model hands to its head, which
-        reads it as it is. Resolved when the config is built and kept until `head_type`,
-        `head_options` or the sizes change (an edit, a resize); never serialised (`to_dict`),
-        where the plain `head_options` dict stands for it."""
+        (an options object as it is, a dict checked against `head_type`'s declarations),
+        completed against the backbone's sizes (`HeadOptions.resolve`), the object the model
+        hands to its head, which reads it as it is. Resolved when the config is built and kept
+        until `head_type`, `head_options` or the sizes change (an edit, a resize); never
+        serialised (`to_dict`), where the plain `head_options` dict stands for it."""
         if self.text_config is None:
             raise ValueError(f"This OutHeadsConfig has no text_config (backbone config). {FROM_BACKBONE}")
         dims, resolved, given = head_dims(self.text_config), self.__dict__.get(_RESOLVED), self.head_options
@@ -161,13 +165,20 @@ class OutHeadsConfig(PretrainedConfig):
         if isinstance(given, HeadOptions) or resolved is None \
                 or (resolved.head_type, resolved.resolved_for) != (self.head_type, dims) \
                 or dataclasses.asdict(resolved) != given:
-            options_class = get_head_class(self.head_type).Options
-            if isinstance(given, HeadOptions) and not isinstance(given, options_class):
-                raise ValueError(f"head_options are head '{given.head_type}''s options, not head "
-                                 f"'{self.head_type}''s: pass {options_class.__name__} or a dict.")
-            resolved = (given if isinstance(given, HeadOptions) else options_class.from_dict(given)).resolve(dims)
+            if isinstance(given, HeadOptions) and given.head_type != self.head_type:
+                raise ValueError(f"head_options are head '{given.head_type}''s options, not head '{self.head_type}''s: "
+                                 f"pass head '{self.head_type}''s options or a dict, or omit head_type.")
+            if not isinstance(given, HeadOptions):
+                given = get_head_class(self.head_type).Options.from_dict(given)
+            resolved = given.resolve(dims)
             self.__dict__[_RESOLVED] = resolved
         return resolved
+
+    @property
+    def head_class(self) -> type:
+        """The class of the head the model builds: the one its resolved options belong to
+        (`HeadOptions.head_class`), found when they were built, not looked up again."""
+        return type(self.resolved_head_options).head_class
 
     def to_dict(self) -> dict[str, Any]:
         """As `PretrainedConfig.to_dict`, without the resolved options object (`head_options` holds them)."""

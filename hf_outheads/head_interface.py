@@ -311,9 +311,10 @@ HEAD_CLASSES: dict[str, type[OutputHead]] = {}
 
 
 def register_head(cls: type[OutputHead]) -> type[OutputHead]:
-    """Class decorator: file a head class under its `head_type` in `HEAD_CLASSES`. A head type that
-    another class holds already is a ValueError (as peft's `register_peft_method`): a second head of
-    the same name never replaces the first silently."""
+    """Class decorator: file a head class under its `head_type` in `HEAD_CLASSES`, and name it as its
+    options' head (`HeadOptions.head_class`: an options object names the class a model builds from
+    it). A head type that another class holds already is a ValueError (as peft's
+    `register_peft_method`): a second head of the same name never replaces the first silently."""
     head_type = vars(cls).get("head_type") if isinstance(cls, type) and issubclass(cls, OutputHead) else None
     if not isinstance(head_type, str):
         raise TypeError(f"register_head takes an OutputHead subclass that states its own head_type; got {cls!r}.")
@@ -321,6 +322,7 @@ def register_head(cls: type[OutputHead]) -> type[OutputHead]:
     if taken is not cls:
         raise ValueError(f"Head type {head_type!r} is taken by {taken.__module__}.{taken.__qualname__}: give "
                          f"{cls.__module__}.{cls.__qualname__} another head_type.")
+    cls.Options.head_class = cls
     return cls
 
 

@@ -15,7 +15,8 @@ then the head's `complete(dims)` fills in the values that depend on the backbone
 lightrnn's table shape) and checks the options against each other and against the backbone.
 `resolve` is idempotent: a resolved object (or its `dataclasses.asdict`, the saved config)
 resolves to itself. `OutHeadsConfig.resolved_head_options` is where a model's options are
-resolved; the model hands that object to its head, which reads it as it is.
+resolved; the model builds the head class the object names (`head_class`) and hands it that
+object, which the head reads as it is.
 """
 
 from __future__ import annotations
@@ -221,6 +222,9 @@ class HeadOptions(DeclaredOptions):
     papers' defaults (`integer`, `number`, `choice`, ...) and may override `complete`."""
 
     head_type: ClassVar[str] = "head"
+    # the registered head class these are the options of (set by `head_interface.register_head`): what a model
+    # builds from its resolved options, without looking `head_type` up in the registry again
+    head_class: ClassVar[type | None] = None
     # values of optional fields left unset (None): `scratch_defaults` for a head trained from
     # scratch (filled in by `resolve`), `conversion_defaults` for one started from a trained LM
     # head (`from_backbone`, `for_conversion`), where the two differ by measurement

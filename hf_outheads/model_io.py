@@ -40,7 +40,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.utils import ModelOutput, logging
 
-from .head_interface import IGNORE_INDEX, OutputHead, get_head_class
+from .head_interface import IGNORE_INDEX, OutputHead
 
 logger = logging.get_logger(__name__)
 
@@ -146,10 +146,10 @@ def check_backbone_kind(model_class, config) -> None:
                      f"cannot run: load it with {right} (or {auto}).")
 
 
-def paper_tags(head_type: str) -> list[str]:
-    """`arxiv:<id>` tags of the papers of `head_type` (its class's `papers`), which the Hub links to
-    the paper pages."""
-    return [f"arxiv:{paper.arxiv}" for paper in get_head_class(head_type).papers if paper.arxiv]
+def paper_tags(head_class: type[OutputHead]) -> list[str]:
+    """`arxiv:<id>` tags of the papers of `head_class` (its `papers`), which the Hub links to the
+    paper pages."""
+    return [f"arxiv:{paper.arxiv}" for paper in head_class.papers if paper.arxiv]
 
 
 def model_tags(config) -> list[str]:
@@ -157,7 +157,7 @@ def model_tags(config) -> list[str]:
     `Trainer.push_to_hub` and TRL's trainers put in the cards they write): the package, the
     head, the backbone family, remote code and the head's papers."""
     tags = [PACKAGE, f"outheads-{config.head_type}", config.text_config.model_type, "custom_code"]
-    return tags + paper_tags(config.head_type)
+    return tags + paper_tags(config.head_class)
 
 
 @dataclass

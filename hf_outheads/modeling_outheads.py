@@ -42,8 +42,11 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         check_backbone_kind(type(self), config)  # AutoModelForCausalLM on a seq2seq folder (or the reverse) fails here
         super().__init__(config)
         self.backbone = AutoModel.from_config(config.text_config)
+        head_class = config.head_class  # the class the options belong to: no second lookup
+        if not issubclass(head_class, OutputHead):  # remote code: the config's modules are another copy than these
+            head_class = get_head_class(config.head_type)
         with torch.random.fork_rng(devices=[]):  # see _init_weights
-            self.head: OutputHead = get_head_class(config.head_type)(options, head_dims(config.text_config))
+            self.head: OutputHead = head_class(options, head_dims(config.text_config))
         self._check_backbone_shapes()
         self.bind_head_embeddings()  # a head reading E shows it as its `weight` (tied, for FSDP's wrap)
         # remote code: AutoModel resolves to this class too (register_for_auto_class takes one)
@@ -82,12 +85,15 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         return effective_embedding_weight(self.backbone.get_decoder().get_input_embeddings())
 
     @classmethod
-    def from_backbone(cls, pretrained, head_type: str | None = None, head_options: dict | None = None, **kwargs):
+    def from_backbone(cls, pretrained, head_type: str | None = None, head_options=None, **kwargs):
         """Wrap a pretrained transformers LM (Hub id, local path or loaded model) with a head.
 
         `head_type=None` keeps the original head's form (`tied`, `linear`; an `hf_outheads` model
         is returned as it is), so the logits are exactly the original's. Other heads start from
         the original LM head where their form allows it (see each head's `init_from_lm_head`).
+        `head_options`: a dict for `head_type`, or the head's options object, which names its head
+        (`head_type` may then be omitted); an `hf_outheads` model of that head asked for no
+        options (None, `{}`, an options object at its defaults) is returned as it is.
         `kwargs` go to the original model's `from_pretrained` (e.g. `dtype`, `revision`).
         """
         return package_tool("conversion").convert_pretrained(cls, pretrained, head_type, head_options, **kwargs)

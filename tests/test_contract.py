@@ -93,7 +93,7 @@ model = OutHeadsForCausalLM(OutHeadsConfig(text_config=tiny_config("llama"), hea
                                            head_options=HEAD_CASES["toy"]))
 card = str(build_model_card(model))
 assert "arxiv:2601.00001" in card and "outheads-toy" in card, card
-assert "@misc{toy2026" in citation_section("toy")
+assert "@misc{toy2026" in citation_section(model.config.head_class)
 assert HEAD_VARIANTS["toy"] == {} and HEAD_VARIANTS["toy-small"] == {"head_type": "toy", "output_bias": False}
 assert head_spec("toy-small", HEAD_VARIANTS).head_type == "toy" and CASES["toy"].head_type == "toy"
 measured = run_case(dict(head="toy-small", vocab=64, positions=32, reps=1, threads=1, warmup=True, device="cpu",
@@ -127,7 +127,7 @@ def test_heads_register_explicitly_and_a_taken_name_is_refused():
     with pytest.raises(ValueError, match=r"Head type 'tied' is taken by hf_outheads\.head_tied\.TiedHead: give "
                                          r".*OtherTied another head_type"):
         register_head(OtherTied)
-    assert HEAD_CLASSES["tied"] is TiedHead
+    assert HEAD_CLASSES["tied"] is TiedHead and TiedHead.Options.head_class is TiedHead  # what a model builds
     with pytest.raises(TypeError, match="register_head takes an OutputHead subclass"):
         register_head(torch.nn.Linear)
 
@@ -321,7 +321,9 @@ for case in json.load(open(sys.argv[1])):
         generated = model.generate(input_ids=inputs["input_ids"], max_new_tokens=3, min_new_tokens=3, do_sample=False)
         torch.save(generated, case["folder"] + "/remote_generated.pt")
         results[case["id"]] = {"module": type(model).__module__, "class": type(model).__name__,
-                               "automodel_class": type(plain).__name__}
+                               "automodel_class": type(plain).__name__,
+                               # its head is of the model's copy of the head files (the config's is another)
+                               "models_head": isinstance(model.head, sys.modules[type(model).__module__].OutputHead)}
     except Exception as error:
         results[case["id"]] = {"error": f"{type(error).__name__}: {error}"}
 print(json.dumps(results))
@@ -382,6 +384,7 @@ def test_remote_code_load_in_fresh_process(head, backbone, remote_loads):
     assert "error" not in result, result.get("error")
     assert result["module"].startswith("transformers_modules.")
     assert result["class"] == result["automodel_class"] == model_class(backbone).__name__
+    assert result["models_head"]  # what the model's own code recognises (`_init_weights`, its hooks)
     assert torch.equal(torch.load(root / case_id / "remote_logits.pt"), expected[case_id])
     assert torch.equal(torch.load(root / case_id / "remote_generated.pt"), torch.load(root / case_id / "generated.pt"))
 

@@ -134,19 +134,22 @@ def test_a_trained_model_with_a_plain_head_converts_to_another_head(name, head_t
 
 def test_a_model_whose_head_is_not_a_plain_softmax_does_not_convert_but_keeps_its_head(tmp_path):
     """A trained `mos` model cannot become `drill`; asked for its own head (as train.py's
-    `--pretrained <run> --head_type null` does to fine-tune it further) it loads as it is."""
+    `--pretrained <run> --head_type null` does to fine-tune it further, or `--head_type mos`, whose
+    options object asks for nothing) it loads as it is."""
     model = tiny_model("gpt2", "mos").eval()
     with pytest.raises(ValueError, match="'mos' head is not a plain softmax.*'tied' or 'linear'"):
         OutHeadsForCausalLM.from_backbone(model, head_type="drill")
     model.save_pretrained(tmp_path)
     inputs = batch("gpt2")
-    for head_type in (None, "mos"):
-        kept = OutHeadsForCausalLM.from_backbone(str(tmp_path), head_type=head_type).eval()
+    options = HEAD_CLASSES["mos"].Options
+    for head_type, head_options in ((None, None), ("mos", None), ("mos", {}), (None, options())):
+        kept = OutHeadsForCausalLM.from_backbone(str(tmp_path), head_type=head_type, head_options=head_options).eval()
         assert kept.config.head_type == "mos"
         with torch.no_grad():
             torch.testing.assert_close(kept(**inputs).logits, model(**inputs).logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="not a plain softmax"):  # new options: a conversion, refused
-        OutHeadsForCausalLM.from_backbone(str(tmp_path), head_options={"num_components": 2})
+    for head_options in ({"num_components": 2}, options(num_components=2)):  # new options: a conversion, refused
+        with pytest.raises(ValueError, match="not a plain softmax"):
+            OutHeadsForCausalLM.from_backbone(str(tmp_path), head_options=head_options)
 
 
 @pytest.mark.parametrize("head", sorted(HEAD_CLASSES))

@@ -146,3 +146,16 @@ def test_every_head_option_has_help_and_is_documented(head_type):
     for name, spec in HEAD_CLASSES[head_type].Options.declarations().items():
         assert spec.help.strip(), (head_type, name)
         assert f"`{name}`" in readme, (head_type, name)
+
+
+def test_an_options_object_names_its_head():
+    """A config built from a head's options object alone takes the head from it (`head_type`,
+    `head_class`): one form, no name beside it; a name that is another head's is one clear line."""
+    drill = HEAD_CLASSES["drill"]
+    options = drill.Options(depth=2)
+    config = OutHeadsConfig(text_config=tiny_config("gpt2"), head_options=options)
+    assert (config.head_type, config.head_class, config.head_options["depth"]) == ("drill", drill, 2)
+    assert OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="drill", head_options=options).head_class is drill
+    with pytest.raises(ValueError, match=r"^head_options are head 'drill''s options, not head 'mos''s: pass head "
+                                         r"'mos''s options or a dict, or omit head_type\.$"):
+        OutHeadsConfig(text_config=tiny_config("gpt2"), head_type="mos", head_options=options)

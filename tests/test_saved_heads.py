@@ -33,3 +33,16 @@ def test_saved_model_loads_to_identical_logits(case):
     # the same: up to float32 rounding (the saving commit itself reproduces its logits to ~3e-8 only,
     # as CPU matrix products depend on memory alignment); a changed map is off by far more
     torch.testing.assert_close(logits, expected[case], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_saved_config_looks_its_head_up_once(case, monkeypatch):
+    """`from_dict` (what `from_pretrained` reads config.json with) builds the saved options into the
+    head's options object, looking the head up once; the model, its head and its tags read the class
+    from the config's resolved options."""
+    from head_cases import counted_lookups
+
+    saved = json.loads((HERE / case / "config.json").read_text())
+    lookups = counted_lookups(monkeypatch)
+    model = OutHeadsForCausalLM(OutHeadsConfig.from_dict(saved))
+    assert lookups == [saved["head_type"]] and type(model.head) is model.config.head_class

@@ -272,7 +272,7 @@ def test_pretrained_checkpoint_is_converted_with_the_configured_head(tmp_path):
     import torch
     from transformers import GPT2LMHeadModel
 
-    from hf_outheads.training.modeling import build_model
+    from hf_outheads.training.modeling import build_model, check_backbone
     from hf_outheads.training.tokenization import load_pretrained_tokenizer
 
     tokenizer = train_tokenizer(TEXTS, "bpe", 300)
@@ -284,8 +284,8 @@ def test_pretrained_checkpoint_is_converted_with_the_configured_head(tmp_path):
     assert model.config.head_type == "bilinear" and model.config.text_config.resid_pdrop == 0.0
     ids = torch.randint(0, 300, (1, 6))
     torch.testing.assert_close(model(input_ids=ids).logits, original(input_ids=ids).logits)  # tied original: exact
-    with pytest.raises(ValueError, match="exactly one of model_preset"):
-        build_model(options(pretrained=str(tmp_path), model_preset="gpt2-tiny"), tokenizer)
+    with pytest.raises(ValueError, match="exactly one of model_preset"):  # by the preflight: build_model relies on it
+        check_backbone(options(pretrained=str(tmp_path), model_preset="gpt2-tiny"))
 
 
 SHIPPED_CONFIGS = sorted(path for folder in ("training/configs", "studies/configs")
@@ -310,9 +310,9 @@ QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "
 
 def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path, monkeypatch):
     """From the command line to the head, a run builds its head's options object once, checked when
-    the options are parsed (`ModelOptions.head`), and each model built resolves that object once for
-    its sizes, without checking it again: the preflight's (a preset's model on the meta device,
-    `check_preset_model`) and the run's, whose head reads the resolved object as it is."""
+    the options are parsed (`ModelOptions.head`), and each config built resolves that object once for
+    its sizes, without checking it again: the preflight's (a preset's config, `check_preset_model`,
+    which builds no model) and the run's model's, whose head reads the resolved object as it is."""
     from hf_outheads.head_mos import MoSOptions
     from hf_outheads.training.modeling import build_model
     from hf_outheads.training.preflight import check_run
@@ -326,7 +326,7 @@ def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path,
     model = build_model(opts, train_tokenizer(TEXTS, "bpe", 300))
     assert built == [opts.model.head.options] and built[0] is opts.model.head.options  # checked once, when parsed
     assert (built[0].num_components, built[0].map_scale) == (2, None)  # as given: defaults come with the sizes
-    assert len(resolved) == 2 and model.head.options is resolved[1]  # the preflight's model, and the run's
+    assert len(resolved) == 2 and model.head.options is resolved[1]  # the preflight's config, and the run's model's
     assert (resolved[1].num_components, resolved[1].map_scale, resolved[1].resolved_for) == (2, 0.01, model.head.dims)
     assert resolved[0] == resolved[1]  # the preflight's model: the same options for the same sizes
 
@@ -489,3 +489,41 @@ def test_the_corpus_does_not_depend_on_where_or_how_python_was_started():
     texts = [row["text"] for rows in build_records("text").values() for row in rows]
     assert not [text for text in texts if sys.executable in text]
     assert any(text.startswith("platform.architecture(executable=sys.executable") for text in texts)
+
+
+
+@pytest.mark.parametrize("backbone", ["preset", "pretrained"])
+def test_a_train_run_looks_its_head_class_up_once(backbone, tmp_path, monkeypatch):
+    """`hf-outheads train --head_type drill`, in process from its command line to its saved model
+    and card: the head class is looked up in the registry once, when the options are parsed
+    (`ModelOptions.head`); the config, the model, its tags and its card read it from there. The
+    head is built once, the run's."""
+    from accelerate.state import AcceleratorState, GradientState
+    from transformers import GPT2LMHeadModel
+
+    from head_cases import counted_lookups
+    from hf_outheads.training import train
+
+    heads, drill = [], HEAD_CLASSES["drill"]
+    init = drill.__init__
+    monkeypatch.setattr(drill, "__init__", lambda self, *args: (heads.append(self), init(self, *args))[1])
+    lookups = counted_lookups(monkeypatch)
+    if backbone == "preset":
+        given = ["--model_preset", "gpt2-tiny", "--model_overrides", "{n_embd: 32, n_layer: 1, n_head: 2}",
+                 "--tokenizer", "bpe", "--tokenizer_vocab_size", "300"]
+    else:
+        tokenizer = train_tokenizer(TEXTS, "bpe", 300)
+        GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=len(tokenizer), n_positions=64)) \
+            .save_pretrained(tmp_path / "plain")
+        tokenizer.save_pretrained(tmp_path / "plain")
+        given = ["--pretrained", str(tmp_path / "plain"), "--tokenizer", "auto"]
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    train.main(given + ["--head_type", "drill", "--dataset_name", "stdlib_docstrings", "--dataset_config", "text",
+                        "--max_train_samples", "40", "--max_eval_samples", "8", "--block_size", "32",
+                        "--per_device_train_batch_size", "4", "--max_steps", "1", "--report_to", "jsonl",
+                        "--sample_max_new_tokens", "2", "--dataloader_num_workers", "0",
+                        "--output_dir", str(tmp_path / "run")])
+    assert (tmp_path / "run" / "README.md").is_file() and "drill" in (tmp_path / "run" / "config.json").read_text()
+    assert lookups == ["drill"]
+    assert len(heads) == 1  # the run's model's: the preflight checks the options from a config, building no head

@@ -46,7 +46,7 @@ def _set_dropout(config, dropout: float | None) -> None:
 
 def check_backbone(options) -> None:
     """Exactly one of `model_preset` and `pretrained`, and a preset that exists and fits the task:
-    checked when the options are parsed (`preflight`) and again by `build_model`."""
+    checked before any work starts (`preflight.check_run`), which `build_model` relies on."""
     model = options.model
     if bool(model.model_preset) == bool(model.pretrained):
         raise ValueError(f"Set exactly one of model_preset (train from scratch) and pretrained (convert a checkpoint); "
@@ -69,8 +69,9 @@ def positions(text_config) -> int | None:
 
 def check_lengths(options, text_config) -> None:
     """The lengths a run feeds the backbone (`block_size`; seq2seq: `max_source_length` and
-    `max_target_length`) within its positions: checked when the options are parsed (`preflight`,
-    where the config is known without a download) and again by `build_model`."""
+    `max_target_length`) within its positions: checked before any work starts
+    (`preflight.check_run`, where the config is known without a download), which `build_model`
+    relies on."""
     limit = positions(text_config)
     names = ("block_size",) if options.model.task == "causal_lm" else ("max_source_length", "max_target_length")
     for name in names:
@@ -91,8 +92,10 @@ def preset_config(options, tokenizer):
 
 
 def build_model(options, tokenizer):
-    """A from-scratch preset or a converted pretrained model, with the run's head (`ModelOptions.head`)."""
-    check_backbone(options)
+    """A from-scratch preset or a converted pretrained model, with the run's head (`ModelOptions.head`,
+    its options object). The options are those `preflight.check_run` passed: the backbone
+    (`check_backbone`) and the lengths (`check_lengths`) are not checked again; what the tokenizer
+    decides (its vocabulary against the embeddings) is checked here."""
     model_options = options.model
     cls, head = model_class(model_options.task), model_options.head
     if model_options.model_preset:
@@ -102,15 +105,12 @@ def build_model(options, tokenizer):
                              f"{len(tokenizer)} tokens: ids from {text_config.vocab_size} on would have no embedding. "
                              "Drop vocab_size from model_overrides (it is the tokenizer's size by default) or raise it.")
         _set_dropout(text_config, model_options.dropout)
-        check_lengths(options, text_config)
-        return cls(OutHeadsConfig(text_config=text_config, head_type=head.head_type, head_options=head.options))
+        return cls(OutHeadsConfig(text_config=text_config, head_options=head.options))
     config = AutoConfig.from_pretrained(model_options.pretrained)
     _set_dropout(config, model_options.dropout)
     for key, value in model_options.model_overrides.items():
         setattr(config, key, value)
-    check_lengths(options, config.get_text_config())
-    model = cls.from_backbone(model_options.pretrained, head_type=head.head_type, head_options=head.options,
-                              config=config)
+    model = cls.from_backbone(model_options.pretrained, head_options=head.options, config=config)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but {model_options.pretrained} only {model.config.vocab_size} "
                          "embeddings: use the pretrained model's own tokenizer (tokenizer: auto).")

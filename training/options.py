@@ -9,8 +9,9 @@ every field against its declaration (`Spec.check`), whichever way the values cam
 (`--config`, one flat mapping of option: value), `--key value` flags (the parser is built from the
 declarations, one argument group per options group: `command_line.add_declared`), or Python
 (`RunOptions.from_flat`). An unknown key in either place is an error that lists the valid keys,
-and a file or value that is not YAML is named in one line. The run's head is decided and its
-options checked once, when the model options are built (`ModelOptions.head`).
+and a file or value that is not YAML is named in one line. The run's head is decided once, when
+the model options are built (`ModelOptions.head`): its class looked up, its options object built
+and checked; the model is built from that object.
 
 Hand-written rather than transformers' `HfArgumentParser`: that parser turns a `dict` field's
 flag into `dict(string)` and a `list` field into `nargs="+"` strings, and reads no `null`, so
@@ -40,19 +41,24 @@ SCHEDULER_TYPES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "co
 
 @dataclass(frozen=True)
 class HeadSpec:
-    """A run's head: its type and the options given for it, as the head's options object, checked
-    against the head's declarations when built (`HeadOptions.from_dict`); None when none was given.
-    Fields left unset take the head's defaults when the model is built, those for a conversion
-    when it converts a pretrained model. Built by `head_spec`; the model is built from this object
-    (`OutHeadsConfig(head_options=...)`, `from_backbone(head_options=...)`), not from a dict."""
+    """A run's head: the head's options object, built from the options given for it and checked
+    against the head's declarations (`HeadOptions.from_dict`), which names its head (`head_type`,
+    `head_class`); None: a pretrained model keeps its head as it is. Fields left unset take the
+    head's defaults when the model is built, those for a conversion when it converts a pretrained
+    model. Built by `head_spec`, the one lookup of the head class; the model is built from this
+    object (`OutHeadsConfig(head_options=...)`, `from_backbone(head_options=...)`), not from a
+    name or a dict."""
 
-    head_type: str | None
     options: HeadOptions | None
+
+    @property
+    def head_type(self) -> str | None:
+        return self.options.head_type if self.options is not None else None
 
     def spelt_out(self) -> dict:
         """Every option: the given ones, and the head's current defaults (None where a default is
-        decided when the model is built) for the others."""
-        return dataclasses.asdict(self.options or hf_outheads.get_head_class(self.head_type).Options())
+        decided when the model is built) for the others; `{}` when the pretrained head is kept."""
+        return dataclasses.asdict(self.options) if self.options is not None else {}
 
 
 def head_spec(name: str, head_options_by_head: dict, head_options: dict | None = None) -> HeadSpec:
@@ -60,8 +66,9 @@ def head_spec(name: str, head_options_by_head: dict, head_options: dict | None =
     benchmarks and the tests use it): `name` is a head type, or a key of `head_options_by_head`
     whose entry names its head with `head_type` (a variant, e.g. `mos-paper: {head_type: mos,
     latent_init: uniform}`); its options are that entry's under `head_options`, checked against the
-    head's declarations now (`HeadOptions.from_dict`); what depends on the backbone's sizes is
-    checked when the model is built. A ValueError names the problem."""
+    head's declarations now (`HeadOptions.from_dict`), in the head's options object, which the
+    model is built from; what depends on the backbone's sizes is checked when the model is built.
+    A ValueError names the problem."""
     entry = head_options_by_head.get(name, {})
     if not isinstance(entry, dict):
         raise ValueError(f"Option head_options_by_head[{name!r}] must be a mapping of option: value, got {entry!r}.")
@@ -73,7 +80,7 @@ def head_spec(name: str, head_options_by_head: dict, head_options: dict | None =
         hint = " A variant (a key of head_options_by_head) names its head with `head_type`." \
             if name == head_type and name in head_options_by_head else ""
         raise ValueError(f"{error}{hint}") from None
-    return HeadSpec(head_type, options_class.from_dict(given) if given else None)
+    return HeadSpec(options_class.from_dict(given))
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,7 @@ class ModelOptions(DeclaredOptions):
             if self.head_options:
                 raise ValueError(f"Option head_options={self.head_options!r} needs a head_type: with head_type: null "
                                  "the pretrained model keeps its head as it is.")
-            return HeadSpec(None, None)
+            return HeadSpec(None)
         return head_spec(self.head_type if name is None else name, self.head_options_by_head, self.head_options)
 
 

@@ -4,8 +4,10 @@ wrong option fails with one message once the script is imported, not after the d
 - the output folder: never one the run reads from (`check_output_dir`, `hf_outheads.tools.folders`);
 - the backbone: exactly one of `model_preset` (a known preset that fits the task) and
   `pretrained` (whose config loads), and a tokenizer that can serve it (`auto` needs a pretrained
-  model); lengths (`block_size`, ...) within its positions; a preset's model built on the meta
-  device with the run's `model_overrides` and head options (`check_preset_model`);
+  model); lengths (`block_size`, ...) within its positions (`modeling.check_backbone`,
+  `modeling.check_lengths`, which `build_model` does not repeat); a preset's head options
+  against its sizes, from its config, and its backbone's layers built on the meta device with the
+  run's `model_overrides` (`check_preset_model`);
 - a loss kernel the head options name: installed and able to run on this machine (`check_loss_kernel`);
 - generation metrics that exist, for a seq2seq run;
 - a learning-rate schedule that builds with its `lr_scheduler_kwargs` (`check_schedule`);
@@ -33,7 +35,7 @@ from hf_outheads.loss_kernels import PEER_KERNELS, unavailable
 from hf_outheads.training.checkpoints import MARKER, checkpoint_to_resume, resume_changes
 from hf_outheads.training.evaluation import METRIC_KEYS
 from hf_outheads.training.launching import check_sharding, has_accelerator, with_launch_precision
-from hf_outheads.training.modeling import PRESETS, check_backbone, check_lengths, model_class
+from hf_outheads.training.modeling import PRESETS, check_backbone, check_lengths
 from hf_outheads.training.tokenization import TRAINABLE
 
 
@@ -92,22 +94,24 @@ def brief(error: BaseException, limit: int = 300) -> str:
 
 
 def check_preset_model(options, text_config) -> None:
-    """A preset's model builds with these options, its head's options checked against its sizes
-    (`text_config` with the trained tokenizer's vocabulary), on the meta device: nothing allocated."""
+    """A preset's model builds with these options: its head's options resolve for its sizes
+    (`text_config` with the trained tokenizer's vocabulary), which its config does
+    (`OutHeadsConfig.resolved_head_options`), and its backbone builds (what transformers checks as it
+    builds the layers, e.g. heads that divide the width) on the meta device: nothing allocated."""
     if not options.model.model_preset:
         return
     import torch
+    from transformers import AutoModel
 
     from hf_outheads import OutHeadsConfig
 
     config = copy.deepcopy(text_config)
     if options.model.tokenizer in TRAINABLE and "vocab_size" not in options.model.model_overrides:
         config.vocab_size = options.model.tokenizer_vocab_size
-    head = options.model.head
     try:
+        OutHeadsConfig(text_config=config, head_options=options.model.head.options)
         with torch.device("meta"):
-            model_class(options.model.task)(OutHeadsConfig(text_config=config, head_type=head.head_type,
-                                                     head_options=head.options))
+            AutoModel.from_config(config)
     except (ValueError, TypeError, StrictDataclassError) as error:
         raise ValueError(f"The {options.model.model_preset} model cannot be built with these options: "
                          f"{brief(error)}") from None

@@ -124,7 +124,7 @@ def run_sections(model, tokenizer, options, results, output_dir: Path, data_pros
         f"On the `{options.data.validation_split}` split ({results.get('eval_examples')} examples, "
         f"{results.get('eval_tokens')} tokens):\n\n| metric | value |\n| --- | --- |\n{table}"
         + (f"\nA generated sample:\n\n```text\n{sample}\n```\n" if sample else ""))
-    citation = citation_section(model.config.head_type)
+    citation = citation_section(model.config.head_class)
     if citation:
         sections["Citation"] = citation
     return sections

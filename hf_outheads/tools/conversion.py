@@ -167,9 +167,16 @@ def origin(pretrained, original: PreTrainedModel) -> str | None:
     return os.path.abspath(source) if source and os.path.isdir(source) else source  # a folder: its absolute path
 
 
+def asks_nothing(head_options) -> bool:
+    """`head_options` ask nothing of the head: None, `{}`, or an options object at its head's defaults."""
+    return not head_options or (isinstance(head_options, HeadOptions) and head_options == type(head_options)())
+
+
 def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwargs):
+    if isinstance(head_options, HeadOptions) and head_type is None:  # an options object names its head
+        head_type = head_options.head_type
     original = load_original(pretrained, **kwargs)
-    if is_outheads(original) and head_type in (None, original.config.head_type) and not head_options:
+    if is_outheads(original) and head_type in (None, original.config.head_type) and asks_nothing(head_options):
         if not isinstance(original, cls):
             raise ValueError(f"{pretrained!r} is an {type(original).__name__}, not an {cls.__name__}: load it with "
                              f"{type(original).__name__} (its task) instead.")
@@ -181,15 +188,15 @@ def convert_pretrained(cls, pretrained, head_type=None, head_options=None, **kwa
     embeddings = source.get_decoder().get_input_embeddings().weight
     if head_type is None:
         head_type = "tied" if weight.shape == embeddings.shape and torch.equal(weight, embeddings) else "linear"
-    options_class = get_head_class(head_type).Options
-    given = head_options if isinstance(head_options, HeadOptions) else options_class.from_dict(head_options)
+    given = head_options if isinstance(head_options, HeadOptions) else \
+        get_head_class(head_type).Options.from_dict(head_options)
     transform = original.head.logit_transform() if is_outheads(original) else logit_transform(original.config)
-    # checked against head_type by the config; scale and cap unset: the original's
-    head_options = given.for_conversion().with_defaults(head_transform_defaults(options_class, transform))
+    # scale and cap unset: the original's
+    head_options = given.for_conversion().with_defaults(head_transform_defaults(type(given), transform))
     text_config = copy.deepcopy(original.config.text_config if is_outheads(original) else original.config)
     scale = {"hidden_scale": original.config.hidden_scale} if is_outheads(original) else {}
     config = OutHeadsConfig(text_config=text_config, head_type=head_type, head_options=head_options,
-                            base_model=origin(pretrained, original), **scale)
+                            base_model=origin(pretrained, original), **scale)  # refuses another head's options object
     model = cls(config).to(dtype=weight.dtype, device=weight.device)
     if original.config._attn_implementation:  # keep the original's attention (e.g. attn_implementation="eager")
         model.set_attn_implementation(original.config._attn_implementation)

@@ -14,17 +14,16 @@ import json
 import os
 from importlib import resources
 
-from ..head_catalog import get_head_class
 from ..model_io import PACKAGE, model_tags, paper_tags
 
 PLACEHOLDER_REPO = "<namespace>/<model-name>"
 TEMPLATE = resources.files(f"{PACKAGE}.model_cards") / "model_card.md"
 
 
-def citation_section(head_type: str) -> str | None:
-    """Markdown naming the papers of `head_type` (its class's `papers`) with their BibTeX (None: it
-    cites none), for a card's "Citation" section."""
-    papers = get_head_class(head_type).papers
+def citation_section(head_class) -> str | None:
+    """Markdown naming the papers of `head_class` (a model's `config.head_class`: its `papers`) with
+    their BibTeX (None: it cites none), for a card's "Citation" section."""
+    papers = head_class.papers
     if not papers:
         return None
     links = ", ".join(f"[{paper.title}]({paper.url})" for paper in papers)
@@ -110,7 +109,7 @@ def build_plain_model_card(model, export, repo_id: str | None = None, license: s
     data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag(auto_class),
                          base_model=hub_base_model(getattr(config, "base_model", None)),
                          tags=[config.text_config.model_type, f"outheads-{config.head_type}", "hf_outheads-export",
-                               *paper_tags(config.head_type)],
+                               *paper_tags(config.head_class)],
                          license=license)
     return render(data, model, export=export, auto_class=auto_class, repo_id=repo_id or export.path,
                   tokenizer=tokenizer)
