@@ -14,7 +14,7 @@ passes; each is printed beside its ratio to `generate()`'s. The script refuses t
 1-minute load average is above 0.5 (`--allow-busy` overrides it, and the table says so).
 
     python -m benchmarks.bench_serving                    # the figures in benchmarks/README.md
-    python -m benchmarks.bench_serving --tiny --allow-busy  # a smoke run (tests/test_serving.py)
+    python -m benchmarks.bench_serving --tiny --heads tied --allow-busy  # a smoke run (tests/test_serving.py)
 """
 
 from __future__ import annotations
@@ -23,17 +23,13 @@ import argparse
 import concurrent.futures
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' server helper: one way to start and stop one
-
-from benchmarks.bench_heads import check_load  # noqa: E402
-from served import server  # noqa: E402
+from benchmarks.bench_heads import check_load
+from benchmarks.served import server
 
 
 def parse_args(argv=None):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from head_cases import HEAD_CASES
-from served import BIN, ENV, free_port, server
+from benchmarks.served import BIN, ENV, free_port, server
 from tiny import VOCAB, tiny_model
 
 PROMPT = "the module"
@@ -138,3 +138,13 @@ def test_an_encoder_decoder_model_is_refused_in_one_line(tmp_path):
                          env=ENV, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr[-3000:]
     assert run.stderr.startswith("hf-outheads serve: error: ") and "encoder-decoder" in run.stderr, run.stderr
+
+
+def test_the_serving_benchmark_runs_and_prints_its_table(capsys):
+    """`python -m benchmarks.bench_serving --tiny`: `generate()` and the served rates, with and without
+    continuous batching, each with its ratio, in one table row per head."""
+    from benchmarks.bench_serving import main
+
+    main(["--tiny", "--heads", "tied", "--allow-busy", "--reps", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| `tied`")]
+    assert len(rows) == 1 and rows[0].count("x)") == 5, rows

@@ -1,5 +1,5 @@
 """A server in a process of its own on 127.0.0.1 (`hf-outheads serve`, `transformers serve`), for the
-serving tests and benchmarks/bench_serving.py: `server` starts it on a free port, waits until it
+serving benchmark and tests/test_serving.py: `server` starts it on a free port, waits until it
 answers, yields an `openai` client of it and stops it with everything it started."""
 
 from __future__ import annotations
