@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"hf-outheads: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.", file=sys.stderr)
         raise SystemExit(2)
     module = COMMANDS[argv[0]][0]
-    missing = [name for name in TRAIN_STACK if importlib.util.find_spec(name) is None]
-    if module.startswith(TRAINING) and missing:
+    missing = [name for name in TRAIN_STACK if module.startswith(TRAINING) and importlib.util.find_spec(name) is None]
+    if missing:
         raise SystemExit(f"hf-outheads {argv[0]}: error: the training stack is not installed ({', '.join(missing)}): "
                          "pip install 'hf_outheads[train]'.")
     sys.argv = [f"hf-outheads {argv[0]}", *argv[1:]]  # argparse's prog, in usage and errors

@@ -72,7 +72,7 @@ def refusal(model: str | None) -> str | None:
         config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         return f"{model}/config.json cannot be read ({type(error).__name__}: {error})."
-    if config.get("is_encoder_decoder") or any("Seq2Seq" in name for name in config.get("architectures") or []):
+    if config.get("is_encoder_decoder"):  # every seq2seq config says so (PretrainedConfig's own field)
         return (f"{model} is an encoder-decoder model ({', '.join(config.get('architectures') or ['seq2seq'])}): "
                 "transformers serve decodes only what follows the prompt in a decoder-only output, so it would answer "
                 "wrongly; generate with it in Python (model.generate).")
