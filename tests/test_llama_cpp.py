@@ -12,11 +12,18 @@ skip, saying so (the `downloads` marker, tests/downloads.py: CI fails instead).
 The Llama export carries a Llama-style tokenizer (a BPE with byte fallback, trained here with
 `tokenizers`), which the converter takes as it is. The GPT-2 export carries the byte-level BPE that
 training builds (`training/tokenization.py`), whose pre-tokenizer the converter knows by no hash:
-it runs through `tools/gguf_convert.py`, which names it `gpt-2` (docs/serving.md)."""
+it runs through `tools/gguf_convert.py`, which names it `gpt-2` (docs/serving.md).
+
+The converted model then runs in llama.cpp itself: llama.cpp's prebuilt CPU binaries for x86-64
+Linux as node-llama-cpp ships them (`npm install`, into the same cache folder, once; the `downloads`
+marker again), driven by `tests/llama_cpp_logits.mjs`. llama.cpp's greedy tokens must be the
+model's `generate()` tokens, and its next-token logits at every position those of the model."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import re
 import sys
 import shutil
@@ -36,11 +43,18 @@ from tiny import tiny_config
 from tools import gguf_convert
 
 VERSION = "0.3.36"  # llama-cpp-python, whose sdist vendors llama.cpp
+NODE_LLAMA_CPP = "3.22.1"  # node-llama-cpp, whose npm packages carry llama.cpp built for each platform
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("HF_OUTHEADS_TEST_CACHE", Path.home() / ".cache" / "hf_outheads"))
 TREE = CACHE / f"llama-cpp-python-{VERSION}" / "llama.cpp"
 CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # what the converter reads of the tree
 TEXTS = [f"the quick brown fox jumps over the lazy dog {i} times, said Ada" for i in range(50)]
+NEW_TOKENS = 16
+# llama.cpp's logits against the model's (logits up to about 12 here): Llama's agree to float32
+# rounding (2.4e-5 seen); GPT-2's GELU is looked up in a float16 table in llama.cpp's CPU code
+# (GGML_GELU_FP16 in ggml-cpu/vec.h), which moves its logits by up to 4.2e-3 (seen; 1.8e-3 once the
+# model's GELU was given float16 input and output)
+LOGITS_ATOL = {"llama": 1e-4, "gpt2": 1e-2}
 
 
 # HF name (per layer: after `model.layers.N.` / `transformer.h.N.`, which become `blk.N.`) -> GGUF name
@@ -78,6 +92,29 @@ def llama_cpp_tree() -> Path:
                 tar.extract(member, staging, filter="data")
     staging.rename(TREE)
     return TREE
+
+
+def node_llama_cpp() -> Path:
+    """A folder whose node_modules holds node-llama-cpp with its prebuilt x86-64 Linux CPU build of
+    llama.cpp (and no other platform's), installed from the npm registry once."""
+    prefix = CACHE / f"node-llama-cpp-{NODE_LLAMA_CPP}"
+    if (prefix / "node_modules" / "@node-llama-cpp" / "linux-x64" / "package.json").is_file():
+        return prefix
+    if (sys.platform, platform.machine()) != ("linux", "x86_64"):
+        pytest.skip(f"node-llama-cpp's CPU build of llama.cpp is taken for x86-64 Linux only, not {platform.machine()}")
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        pytest.skip("needs Node.js and npm to install node-llama-cpp (llama.cpp's prebuilt binaries)")
+    staging = prefix.with_name(prefix.name + ".partial")  # renamed when whole
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    done = run([npm, "install", "--prefix", str(staging), "--no-save", "--no-audit", "--no-fund", "--omit=optional",
+                "--ignore-scripts", f"node-llama-cpp@{NODE_LLAMA_CPP}", f"@node-llama-cpp/linux-x64@{NODE_LLAMA_CPP}"],
+               timeout=600)
+    if done.returncode:
+        pytest.skip(f"cannot install node-llama-cpp@{NODE_LLAMA_CPP} from the npm registry: {done.stderr[-300:]}")
+    staging.rename(prefix)
+    return prefix
 
 
 def llama_style_tokenizer() -> PreTrainedTokenizerFast:
@@ -122,27 +159,41 @@ CASES = {  # family -> head (no output bias), tokenizer, converter command befor
 }
 
 
-@pytest.mark.downloads(f"llama-cpp-python=={VERSION}'s source distribution from PyPI, for llama.cpp's "
-                       "convert_hf_to_gguf.py")
-@pytest.mark.parametrize("family", CASES)
-def test_a_plain_export_converts_to_gguf_with_every_tensor(family, tmp_path):
-    from gguf import GGUFReader
-
+def convert(family: str, folder: Path):
+    """A random model of `family` with its tokenizer, exported plain and converted to GGUF (f32) in `folder`.
+    A wide initialisation, so that greedy decoding does not repeat one token."""
     head, make_tokenizer, converter = CASES[family]
     tree = llama_cpp_tree()
     tokenizer = make_tokenizer()
     text = tiny_config(family)
     text.vocab_size = len(tokenizer)
+    text.initializer_range = 0.5
     torch.manual_seed(0)
     model = OutHeadsForCausalLM(OutHeadsConfig(text_config=text, head_type=head, head_options={"output_bias": False}))
-    assert model.export_plain(tmp_path / "plain", tokenizer).exact
-    done = run([sys.executable, *converter(tree), str(tmp_path / "plain"), "--outtype", "f32",
-                "--outfile", str(tmp_path / "model.gguf")], cwd=ROOT, timeout=300)
+    assert model.export_plain(folder / "plain", tokenizer).exact
+    done = run([sys.executable, *converter(tree), str(folder / "plain"), "--outtype", "f32",
+                "--outfile", str(folder / "model.gguf")], cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    return model.eval(), tokenizer, folder / "model.gguf"
 
-    reader = GGUFReader(tmp_path / "model.gguf")
+
+@pytest.fixture(scope="module", params=list(CASES))
+def converted(request, tmp_path_factory):
+    """(family, model, tokenizer, GGUF path), once per family for this module's tests."""
+    return request.param, *convert(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.mark.downloads(f"llama-cpp-python=={VERSION}'s source distribution from PyPI, for llama.cpp's "
+                       "convert_hf_to_gguf.py")
+def test_a_plain_export_converts_to_gguf_with_every_tensor(converted):
+    from gguf import GGUFReader
+
+    family, model, tokenizer, gguf_file = converted
+    text = model.config.text_config
+    folder = gguf_file.parent
+    reader = GGUFReader(gguf_file)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    exported = load_file(tmp_path / "plain" / "model.safetensors")
+    exported = load_file(folder / "plain" / "model.safetensors")
     assert sorted(tensors) == sorted(gguf_name(family, name) for name in exported)
     for name, weight in exported.items():
         tensor = tensors[gguf_name(family, name)]
@@ -153,6 +204,30 @@ def test_a_plain_export_converts_to_gguf_with_every_tensor(family, tmp_path):
     assert fields["general.architecture"] == family
     assert fields[f"{family}.context_length"] == 64  # GPT-2's from the export's n_ctx
     assert fields["tokenizer.ggml.tokens"] == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+
+
+@pytest.mark.downloads(f"llama-cpp-python=={VERSION}'s source distribution from PyPI (the converter) and "
+                       f"node-llama-cpp@{NODE_LLAMA_CPP} from the npm registry (llama.cpp's prebuilt CPU binaries)")
+def test_llama_cpp_runs_the_converted_export_as_the_model_does(converted, tmp_path):
+    """In llama.cpp the GGUF generates the model's greedy tokens, with the model's logits at every step."""
+    family, model, tokenizer, gguf_file = converted
+    prefix = node_llama_cpp()
+    ids = tokenizer("the quick brown fox jumps over", add_special_tokens=False)["input_ids"]
+    (tmp_path / "ids.json").write_text(json.dumps(ids))
+    done = run(["node", str(ROOT / "tests" / "llama_cpp_logits.mjs"), str(prefix), str(gguf_file),
+                str(tmp_path / "ids.json"), str(NEW_TOKENS)], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    llama_cpp = json.loads(done.stdout)
+
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                do_sample=False)[0, len(ids):].tolist()
+        logits = model(torch.tensor([ids + greedy])).logits[0]
+    assert len(set(greedy)) > 3, greedy  # a sequence that can tell one model from another
+    assert llama_cpp["greedy"] == greedy
+    theirs = torch.tensor(llama_cpp["logits"])
+    assert theirs.shape == logits.shape
+    torch.testing.assert_close(theirs, logits, rtol=0, atol=LOGITS_ATOL[family])
 
 
 def test_gguf_convert_refuses_a_missing_tree_or_tokenizer_in_one_line(tmp_path, capsys):
