@@ -88,8 +88,8 @@ def test_a_damaged_tokenizer_file_is_named_by_the_export_and_on_resume(trained, 
         export_cli(broken, tmp_path / "plain")
     assert not (tmp_path / "plain").exists()
     (broken / "tokenizer.json").write_bytes(b"")  # empty
-    with pytest.raises(SystemExit, match="tokenizer.json exists but cannot be read"):
-        export_cli(broken, tmp_path / "plain")
+    with pytest.raises(SystemExit, match=r"tokenizer.json exists but cannot be read.*`hf-outheads train` with --resume "):
+        export_cli(broken, tmp_path / "plain")  # the command that makes a new tokenizer, not an option of export
     (broken / "tokenizer.json").write_bytes(b"\xff\xfe\x00garbage")  # not UTF-8
     with pytest.raises(ValueError, match=re.escape(str(broken / "tokenizer.json"))):
         run(broken, max_steps=6, overwrite_output_dir=True)  # resumes from checkpoint_4: loads the saved tokenizer
@@ -567,3 +567,15 @@ def test_a_push_that_fails_after_training_keeps_the_card_and_says_how_to_upload_
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "eval_results.json"} <= \
         {p.name for p in out.iterdir()}
     assert 'from_pretrained("someone/tiny")' in (out / "README.md").read_text()
+
+
+def test_a_worker_of_a_multi_process_run_exits_saying_a_failed_push_with_status_1():
+    """A launched run whose push failed ends as a finished one does (no distributed teardown, which can hang)
+    but says the failure on stderr and exits with status 1; a finished one exits silently with 0."""
+    code = ("import sys; from hf_outheads.training.run import exit_without_teardown; "
+            "exit_without_teardown(*sys.argv[1:]); print('not reached')")
+    failed = subprocess.run([sys.executable, "-c", code, "train.py: error: The push to the Hub failed (x)"],
+                            capture_output=True, text=True, timeout=120)
+    assert (failed.returncode, failed.stdout, failed.stderr) == (1, "", "train.py: error: The push to the Hub failed (x)\n")
+    finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (finished.returncode, finished.stdout, finished.stderr) == (0, "", "")

@@ -471,19 +471,23 @@ def run_training(options, callbacks=()) -> dict:
             failed_push = error
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    if accelerator.num_processes > 1:  # a failed push too: said, then the same exit as a finished run
+        exit_without_teardown(None if failed_push is None else refusal(failed_push, status=1).code)
     if failed_push is not None:
         raise failed_push
-    if accelerator.num_processes > 1:
-        exit_without_teardown()
     return results
 
 
-def exit_without_teardown() -> None:
+def exit_without_teardown(failure: str | None = None) -> None:
     """End a worker of a multi-process run once everything is written and the process group is
     destroyed (`end_training`), skipping the teardown of the distributed objects: freeing them
     after the peers have gone sporadically hung in gloo's destructors (CI, in a two-process run
-    whose files were all written; pytorch/pytorch#75097), which a run then never finishes."""
+    whose files were all written; pytorch/pytorch#75097), which a run then never finishes.
+    `failure`: what failed after the folder was written (a push), said on stderr; the exit status is
+    then 1."""
+    if failure is not None:
+        print(failure, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     release_run_locks()
-    os._exit(0)
+    os._exit(0 if failure is None else 1)

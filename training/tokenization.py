@@ -91,8 +91,8 @@ def load_saved_tokenizer(folder, auto: bool = True):
                 json.loads((folder / name).read_text(encoding="utf-8"))
             except (UnicodeDecodeError, ValueError) as error:
                 raise ValueError(f"The tokenizer file {folder / name} exists but cannot be read ({type(error).__name__}: "
-                                 f"{error}): it is damaged. Restore it from where it came from, or retrain the "
-                                 "tokenizer (a run with --resume never).") from None
+                                 f"{error}): it is damaged. Restore it from where it came from, or train the run anew, "
+                                 "which trains a new tokenizer (`hf-outheads train` with --resume never).") from None
     try:
         return load_tokenizer(str(folder), auto)
     except Exception as error:  # noqa: BLE001: any loader failure, said with the folder and its files
