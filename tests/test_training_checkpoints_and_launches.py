@@ -491,6 +491,25 @@ def test_a_data_file_without_text_is_named_and_nothing_is_written(tmp_path, caps
         "block_size=32 tokens).")
 
 
+
+def test_a_run_refused_after_its_tokenizer_was_saved_leaves_a_folder_the_next_run_trains_in(tmp_path):
+    """A tokenizer trained here is saved before the data is tokenised: a run refused then (text shorter than
+    one block) leaves it, and the same command given longer text trains in that folder rather than refusing it
+    as a folder of someone else's files."""
+    from hf_outheads.training.tracking import read_metrics
+
+    (tmp_path / "short.txt").write_text("some text\n")
+    (tmp_path / "long.txt").write_text("some text here and more words\n" * 100)
+    settings = dict(dataset_name=None, tokenizer="wordlevel", tokenizer_vocab_size=20, max_steps=2, save_steps=2)
+    with pytest.raises(ValueError, match="has no example after tokenisation"):
+        run(tmp_path / "out", **settings, data_files={"train": str(tmp_path / "short.txt"),
+                                                     "validation": str(tmp_path / "long.txt")})
+    assert (tmp_path / "out" / "tokenizer.json").is_file()
+    run(tmp_path / "out", **settings, data_files={"train": str(tmp_path / "long.txt"),
+                                                 "validation": str(tmp_path / "long.txt")})
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert [record["event"] for record in read_metrics(tmp_path / "out") if "event" in record][0] == "start"
+
 # lengths against the backbone's positions
 def test_a_block_longer_than_the_models_positions_is_refused_when_parsed(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -48,7 +48,7 @@ from hf_outheads.training.safeguards import (EarlierWork, NonFiniteError, Output
 from hf_outheads.training.throughput import training_rates
 from hf_outheads.training.tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer,
                                                train_tokenizer)
-from hf_outheads.training.tracking import MetricsLog, Progress, trackers
+from hf_outheads.training.tracking import MetricsLog, Progress, start_log, trackers
 
 
 class InputError(ValueError):
@@ -82,6 +82,7 @@ def get_tokenizer(accelerator, options, train_split, resuming: bool):
         texts = data_lib.training_texts(train_split, options)
         tokenizer = train_tokenizer(texts, model.tokenizer, model.tokenizer_vocab_size, model.tokenizer_min_frequency,
                                     model.tokenizer_lowercase)
+        start_log(options.training.output_dir)  # the run's first file: its folder is a run's from here on
         tokenizer.save_pretrained(options.training.output_dir)
     accelerator.wait_for_everyone()
     return load_saved_tokenizer(options.training.output_dir, auto=False)

@@ -30,9 +30,9 @@ def earlier_work(output_dir) -> str | None:
     """What a run would replace in `output_dir`, said in words, or None. transformers' Trainer
     convention: a run writes into a new or empty folder, or one of its own runs, unless told to
     overwrite. Refused: a finished model (`config.json`, moved in last by a finished run,
-    `publish.finish_run`: its weights, card, metrics and checkpoints would be replaced), and files of no run (neither `metrics.jsonl` nor
-    `checkpoints/`, which a run writes first). An unfinished run's folder is not: it is resumed (or,
-    with `resume: never`, started afresh)."""
+    `publish.finish_run`: its weights, card, metrics and checkpoints would be replaced), and files of no run (neither
+    `metrics.jsonl`, which a run creates before any other file, `tracking.start_log`, nor `checkpoints/`). An
+    unfinished run's folder is not: it is resumed (or, with `resume: never`, started afresh)."""
     folder = Path(output_dir)
     if (folder / "config.json").is_file():
         return (f"{folder} holds the finished model of an earlier run: this run would replace its weights, card, "

@@ -40,6 +40,14 @@ def trackers(report_to: str) -> list[str]:
     return ["tensorboard"] if report_to == "tensorboard" or (report_to == "auto" and tensorboard_available()) else []
 
 
+def start_log(output_dir) -> None:
+    """Create output_dir's metrics.jsonl, empty, if it has none: the mark of a run's folder
+    (`safeguards.earlier_work`), made before the run's first other file there (a tokenizer trained
+    here), so that a run stopped after writing that file is resumed or started afresh by the same
+    command, not refused as a folder of someone else's files."""
+    (Path(output_dir) / METRICS_FILE).touch()
+
+
 class MetricsLog:
     """Appends one JSON object per line to output_dir/metrics.jsonl (main process only)."""
 
