@@ -569,6 +569,16 @@ def test_resuming_with_an_option_that_changes_what_trains_is_refused_naming_it(t
     assert "eval_perplexity" in run(out, logging_steps=1, eval_steps=1)  # how the run reports may change
 
 
+def test_resuming_a_periodically_updating_head_with_other_eval_steps_is_refused_when_they_set_its_interval(tmp_path):
+    """eval_steps may change on resume, but a null code_reassign_steps is eval_steps for a head that updates
+    itself periodically (lightrnn re-assigns its table): another eval_steps would change what trains, so it is
+    refused, saying how to keep the interval; given explicitly, the same interval resumes."""
+    out, checkpoint = interrupted_run(tmp_path, head_type="lightrnn", eval_steps=2)
+    with pytest.raises(ValueError, match=r"code_reassign_steps \(trained with 2, given 1\) \(code_reassign_steps null is "
+                                         r"eval_steps: to evaluate at other steps, give code_reassign_steps 2\)"):
+        run(out, head_type="lightrnn", eval_steps=1)
+    assert "eval_perplexity" in run(out, head_type="lightrnn", eval_steps=1, code_reassign_steps=2)
+
 def test_a_resumed_run_may_be_given_another_length_and_its_record_says_so(tmp_path, capsys):
     """The run's length (max_steps) may change on resume: a line says so, metrics.jsonl logs the change at the
     step it was made, and the card's training procedure states it beside the final value."""

@@ -24,7 +24,7 @@ import re
 import shutil
 from pathlib import Path
 
-from hf_outheads.training.options import RESUME_MAY_CHANGE, RUN_LENGTH, saved_options
+from hf_outheads.training.options import RESUME_MAY_CHANGE, RUN_LENGTH, reassign_interval, saved_options
 from hf_outheads.training.safeguards import disk_full_error
 
 MARKER = "checkpoint.json"
@@ -85,22 +85,42 @@ def resume_changes(path: Path, options) -> dict:
     """{option: [trained with, given]} for the run's length (`options.RUN_LENGTH`) where `options` (resolved:
     `launching.with_launch_precision`) give another than the checkpoint `path` was trained with; a ValueError
     naming every other option given otherwise, with both values and what to do, but for those that may change on
-    resume (`options.RESUME_MAY_CHANGE`). A checkpoint saved without its options: {}."""
-    trained = json.loads((Path(path) / MARKER).read_text()).get("options")
+    resume (`options.RESUME_MAY_CHANGE`). For a head that updates itself periodically the interval is compared
+    as it applies (`options.reassign_interval`: eval_steps sets it when code_reassign_steps is null). A checkpoint
+    saved without its options: {}."""
+    record = json.loads((Path(path) / MARKER).read_text())
+    trained = record.get("options")
     if trained is None:
         return {}
     given = json.loads(json.dumps(saved_options(options)))  # as checkpoint.json holds them
+    follows_eval = None in (trained.get("code_reassign_steps"), given.get("code_reassign_steps"))
+    if updates_periodically(record.get("model", {}).get("head_type")):
+        for values in (trained, given):
+            values["code_reassign_steps"] = reassign_interval(values.get("code_reassign_steps"), values.get("eval_steps"))
     changed = {name: [trained[name], value] for name, value in given.items()
                if name in trained and trained[name] != value}
     refused = {name: values for name, values in changed.items() if name not in RESUME_MAY_CHANGE}
     if refused:
         listed = ", ".join(f"{name} (trained with {json.dumps(old)}, given {json.dumps(new)})"
                            for name, (old, new) in refused.items())
+        if "code_reassign_steps" in refused and follows_eval:
+            listed += (" (code_reassign_steps null is eval_steps: to evaluate at other steps, give "
+                       f"code_reassign_steps {json.dumps(refused['code_reassign_steps'][0])})")
         raise ValueError(f"Resuming {path} with options other than it was trained with: {listed}; the run would "
                          "have trained with both while its record states one. Give the checkpoint's values to resume "
                          "it, or train anew with another --output_dir (or --resume never, which replaces its "
                          "checkpoints).")
     return {name: values for name, values in changed.items() if name in RUN_LENGTH}
+
+
+def updates_periodically(head_type: str | None) -> bool:
+    """Whether the registered head `head_type` updates itself periodically (False for a name not registered)."""
+    import hf_outheads
+
+    try:
+        return hf_outheads.get_head_class(head_type).updates_periodically
+    except ValueError:
+        return False
 
 
 def _write_json(path: Path, value: dict) -> None:

@@ -275,6 +275,12 @@ RESUME_MAY_CHANGE = RUN_LENGTH + (
 assert set(RESUME_MAY_CHANGE) <= set(FIELDS), set(RESUME_MAY_CHANGE) - set(FIELDS)
 
 
+def reassign_interval(code_reassign_steps: int | None, eval_steps: int | None) -> int | None:
+    """Optimizer steps between the updates of a head that updates itself periodically (lightrnn's table):
+    code_reassign_steps, or eval_steps when it is null; 0 or null: none."""
+    return eval_steps if code_reassign_steps is None else code_reassign_steps
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """A run's options: the three groups, each checked when built, and what crosses them. `extra`:

@@ -41,7 +41,7 @@ from hf_outheads.training.launching import (accelerator_settings, check_process_
 from hf_outheads.training.loop import train_loop
 from hf_outheads.training.modeling import (build_model, parameter_counts, position_limit, step_flops, step_tokens,
                                            train_only, without_dropout)
-from hf_outheads.training.options import RunOptions
+from hf_outheads.training.options import RunOptions, reassign_interval
 from hf_outheads.training.publish import PushFailed, finish_run
 from hf_outheads.training.safeguards import (EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work,
                                              release_run_locks)
@@ -404,7 +404,7 @@ def periodic_update_hook(accelerator, model, options) -> tuple:
     since the last update are not checkpointed."""
     head = accelerator.unwrap_model(model).head
     training = options.training
-    every = training.eval_steps if training.code_reassign_steps is None else training.code_reassign_steps
+    every = reassign_interval(training.code_reassign_steps, training.eval_steps)
     if not head.updates_periodically or not every:  # 0: no updates, no statistics collected
         return None, None
     head.begin_periodic_updates()
