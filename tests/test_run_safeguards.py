@@ -553,12 +553,13 @@ def test_a_push_that_fails_after_training_keeps_the_card_and_says_how_to_upload_
     monkeypatch.setattr(HfApi, "whoami", lambda self, *args, **kwargs: {"name": "someone"})
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: RepoUrl(f"https://huggingface.co/{repo_id}"))
     monkeypatch.setattr(HfApi, failing, unavailable)
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     argv = [f"--{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in TINY.items()]
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    with pytest.raises(SystemExit) as failed:
-        main([*argv, f"--output_dir={out}", "--push_to_hub=true", "--hub_model_id=someone/tiny"])
+    with pytest.raises(SystemExit) as failed:  # output_dir given relative: the upload command names the folder whole
+        main([*argv, "--output_dir=out", "--push_to_hub=true", "--hub_model_id=someone/tiny"])
     message = failed.value.code
     assert isinstance(message, str) and "\n" not in message and "Traceback" not in capsys.readouterr().err
     assert message.startswith("train.py: error: The push to the Hub failed (HfHubHTTPError: 503 Server Error")

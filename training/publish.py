@@ -272,8 +272,8 @@ def publish(model, tokenizer, options, results, output_dir: Path) -> str:
     except Exception as error:  # noqa: BLE001: any failure of the Hub or the network
         lines = str(error).splitlines()
         raise PushFailed(f"The push to the Hub failed ({type(error).__name__}: {lines[0] if lines else ''}): "
-                         f"{output_dir} is complete (model, tokenizer, card); upload it later with "
-                         f"`hf upload {repo_id} {output_dir} --exclude 'checkpoints/*'`.") from None
+                         f"{output_dir.resolve()} is complete (model, tokenizer, card); upload it later with "
+                         f"`hf upload {repo_id} {output_dir.resolve()} --exclude 'checkpoints/*'`.") from None
     print(f"Pushed to https://huggingface.co/{repo_id}")
     return repo_id
 
