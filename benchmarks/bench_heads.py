@@ -110,6 +110,9 @@ def parse_args(argv=None):
     parser.add_argument("--profile", default="",
                         help="comma-separated heads: after timing, one more training step of each under torch.profiler; "
                              "the table then lists its operations with the most device (CUDA) or CPU self time")
+    parser.add_argument("--one-worker", action="store_true",
+                        help="on a CPU too, every case of one |V| and N in one worker process, as on cuda (a wiring "
+                             "check: the peak columns are then the process's, not each case's)")
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # JSON case, internal
     return parser.parse_args(argv)
@@ -371,7 +374,7 @@ def main(argv=None):
                           warmup=not args.no_warmup, device=args.device, dtype=dtype, backbone=args.backbone,
                           gen_tokens=0 if args.no_generate else args.gen_tokens, gen_reps=args.gen_reps,
                           profile=head in args.profile.split(",")) for head in heads]
-            if args.device == "cuda":  # one worker: the allocator's statistics are per case
+            if args.device == "cuda" or args.one_worker:  # one worker: the allocator's statistics are per case
                 results = dict(zip(heads, measure(cases)))
             else:  # a fresh process per case: its peak RSS is the case's own
                 results = {case["head"]: measure([case])[0] for case in cases}

@@ -24,7 +24,8 @@
 #
 # --tiny (with --part all): both parts end to end on a CPU in minutes (tests/test_gpu_run.py runs it in
 # CI). It proves the wiring, not the GPU: the CUDA tests are collected and skipped, the benchmarks run in
-# fp32 at tiny sizes (liger and cut-cross-entropy listed as not runnable), train.py runs compiled at a
+# fp32 at tiny sizes, each table's cases in one worker process as on a GPU (liger and cut-cross-entropy
+# listed as not runnable), train.py runs compiled at a
 # tiny size, and the scale queue trains every head, compiled, as a 1-layer model on a corpus packed from
 # the Python standard library's docstrings (the mtp run's drafting speed measured after it, on 2 short prompts).
 set -uo pipefail
@@ -97,8 +98,9 @@ if [ $TINY -eq 1 ]; then
     LIMIT_SCALE=5  # the GPU's limits, stretched for a shared CPU
     TESTS=(tests/test_cuda.py)  # collected and skipped (the kernels' interpreter tests run in the suite)
     VOCABS=(512)  # every head of the catalog
-    BENCH=(--device cpu --positions 512 --reps 1 --threads 1 --allow-busy --no-generate)
-    GPT2=(--device cpu --backbone gpt2-tiny --vocab 512 --positions 512 --reps 1 --threads 1 --allow-busy --no-generate --profile mos)
+    BENCH=(--device cpu --positions 512 --reps 1 --threads 1 --allow-busy --no-generate --one-worker)
+    GPT2=(--device cpu --backbone gpt2-tiny --vocab 512 --positions 512 --reps 1 --threads 1 --allow-busy --no-generate
+          --profile mos --one-worker)
     LOSS=(--device cpu --vocab 512 --positions 256 --dim 32 --reps 1 --own_chunk_exponents 12)
     TRAIN=(--model_preset gpt2-tiny --model_overrides '{"n_layer": 1, "n_embd": 32, "n_head": 2}' --block_size 32
            --tokenizer_vocab_size 300 --per_device_train_batch_size 4 --dataloader_num_workers 1 --max_steps 3 --logging_steps 1
