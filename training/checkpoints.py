@@ -86,17 +86,19 @@ def resume_changes(path: Path, options) -> dict:
     `launching.with_launch_precision`) give another than the checkpoint `path` was trained with; a ValueError
     naming every other option given otherwise, with both values and what to do, but for those that may change on
     resume (`options.RESUME_MAY_CHANGE`). For a head that updates itself periodically the interval is compared
-    as it applies (`options.reassign_interval`: eval_steps sets it when code_reassign_steps is null). A checkpoint
-    saved without its options: {}."""
+    as it applies (`options.reassign_interval`: eval_steps sets it when code_reassign_steps is null); for any
+    other head code_reassign_steps is not compared. A checkpoint saved without its options: {}."""
     record = json.loads((Path(path) / MARKER).read_text())
     trained = record.get("options")
     if trained is None:
         return {}
     given = json.loads(json.dumps(saved_options(options)))  # as checkpoint.json holds them
     follows_eval = None in (trained.get("code_reassign_steps"), given.get("code_reassign_steps"))
-    if updates_periodically(record.get("model", {}).get("head_type")):
-        for values in (trained, given):
-            values["code_reassign_steps"] = reassign_interval(values.get("code_reassign_steps"), values.get("eval_steps"))
+    periodic = updates_periodically(record.get("model", {}).get("head_type"))
+    for values in (trained, given):  # the interval as it applies; for another head it changes nothing
+        interval = reassign_interval(values.pop("code_reassign_steps", None), values.get("eval_steps"))
+        if periodic:
+            values["code_reassign_steps"] = interval
     changed = {name: [trained[name], value] for name, value in given.items()
                if name in trained and trained[name] != value}
     refused = {name: values for name, values in changed.items() if name not in RESUME_MAY_CHANGE}
