@@ -4,7 +4,8 @@ causal head, and stock `transformers serve` for a plain export, in processes of 
 test starts on a free port and stops.
 
 Greedy text served equals `generate()`'s in this process, for `/v1/completions` with and without
-`--continuous-batching`, `/v1/chat/completions` (the tokenizer's chat template) and streaming. The
+`--continuous-batching`, `/v1/chat/completions` (the tokenizer's chat template), streaming, and
+`transformers chat` (transformers' terminal client). The
 tokenizer is the package's own word-level one (`train_tokenizer`), whose decoding joins words with
 spaces, so equal text is equal tokens."""
 
@@ -93,6 +94,21 @@ def test_every_head_is_served_with_the_tokens_generate_gives(saved, tmp_path):
         folder, want, _ = saved["mos"]
         assert completion(client, folder) == want
 
+
+def test_transformers_chat_gets_the_models_reply_from_the_server(saved, tmp_path):
+    """`transformers chat MODEL URL` (transformers' terminal client, its input piped) against `hf-outheads
+    serve`: it prints `generate()`'s greedy reply through the chat template, and ends when told. It runs
+    without HF_HUB_OFFLINE: huggingface_hub's offline mode refuses every request of that client, to
+    127.0.0.1 too (docs/serving.md)."""
+    folder, _, chat_want = saved["mos"]
+    online = {key: value for key, value in ENV.items() if key != "HF_HUB_OFFLINE"}
+    with server("hf-outheads", log=tmp_path / "server.log") as client:
+        done = subprocess.run([str(BIN / "transformers"), "chat", folder, str(client.base_url),
+                               f"max_new_tokens={NEW_TOKENS}", "do_sample=False"],
+                              input=f"{CHAT[0]['content']}\nn\n!exit\n",  # the message; no more tokens; leave
+                              capture_output=True, text=True, timeout=120, env={**online, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert chat_want in [line.strip() for line in done.stdout.splitlines()], done.stdout[-2000:]
 
 def test_every_head_is_served_with_continuous_batching(saved, tmp_path):
     """`hf-outheads serve --continuous-batching` (paged attention, transformers' batching manager) gives
