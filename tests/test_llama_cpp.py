@@ -70,6 +70,16 @@ NAMES = {
 LAYER = re.compile(r"^(?:model\.layers|transformer\.h)\.(\d+)\.(.+)$")
 
 
+def made_once(target: Path, fill) -> Path:
+    """`target`, filled by `fill(folder)` in a folder beside it, then renamed: an interrupted fill is redone."""
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    fill(staging)
+    staging.rename(target)
+    return target
+
+
 def llama_cpp_tree() -> Path:
     """llama.cpp's converter files from llama-cpp-python's sdist, downloaded and unpacked once."""
     if (TREE / CONVERTER_FILES[0]).is_file():
@@ -82,16 +92,16 @@ def llama_cpp_tree() -> Path:
         if done.returncode or not archive.exists():
             pytest.skip(f"cannot download llama-cpp-python=={VERSION}'s source distribution: {done.stderr[-300:]}")
     prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
-    staging = TREE.with_name(TREE.name + ".partial")  # renamed when whole: an interrupted unpacking is redone
-    shutil.rmtree(staging, ignore_errors=True)
-    with tarfile.open(archive) as tar:
-        for member in tar.getmembers():
-            name = member.name.removeprefix(prefix)
-            if member.name.startswith(prefix) and member.isfile() and name.startswith(CONVERTER_FILES):
-                member.name = name
-                tar.extract(member, staging, filter="data")
-    staging.rename(TREE)
-    return TREE
+
+    def unpack(folder):
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                name = member.name.removeprefix(prefix)
+                if member.name.startswith(prefix) and member.isfile() and name.startswith(CONVERTER_FILES):
+                    member.name = name
+                    tar.extract(member, folder, filter="data")
+
+    return made_once(TREE, unpack)
 
 
 def node_llama_cpp() -> Path:
@@ -105,16 +115,15 @@ def node_llama_cpp() -> Path:
     npm = shutil.which("npm")
     if npm is None or shutil.which("node") is None:
         pytest.skip("needs Node.js and npm to install node-llama-cpp (llama.cpp's prebuilt binaries)")
-    staging = prefix.with_name(prefix.name + ".partial")  # renamed when whole
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    done = run([npm, "install", "--prefix", str(staging), "--no-save", "--no-audit", "--no-fund", "--omit=optional",
-                "--ignore-scripts", f"node-llama-cpp@{NODE_LLAMA_CPP}", f"@node-llama-cpp/linux-x64@{NODE_LLAMA_CPP}"],
-               timeout=600)
-    if done.returncode:
-        pytest.skip(f"cannot install node-llama-cpp@{NODE_LLAMA_CPP} from the npm registry: {done.stderr[-300:]}")
-    staging.rename(prefix)
-    return prefix
+
+    def install(folder):
+        done = run([npm, "install", "--prefix", str(folder), "--no-save", "--no-audit", "--no-fund", "--omit=optional",
+                    "--ignore-scripts", f"node-llama-cpp@{NODE_LLAMA_CPP}", f"@node-llama-cpp/linux-x64@{NODE_LLAMA_CPP}"],
+                   timeout=600)
+        if done.returncode:
+            pytest.skip(f"cannot install node-llama-cpp@{NODE_LLAMA_CPP} from the npm registry: {done.stderr[-300:]}")
+
+    return made_once(prefix, install)
 
 
 def llama_style_tokenizer() -> PreTrainedTokenizerFast:
