@@ -87,7 +87,7 @@ def run_options(cfg: dict, name: str, seed: int, corpus: Path, data_files: dict,
         eval_steps=math.ceil(steps / cfg["evaluations"]), logging_steps=WARM_STEP,
         mixed_precision="bf16" if torch.cuda.is_available() else "no", torch_compile=bool(cfg.get("torch_compile")),
         sample_max_new_tokens=8, output_dir=str(output_dir), overwrite_output_dir=True, resume="never",
-        report_to="jsonl"))
+        report_to="none"))
 
 
 def planned_model(options: RunOptions, tokenizer):

@@ -279,7 +279,7 @@ def mtp_run(tmp_path_factory):
     options = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
                    dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=60, max_eval_samples=10,
                    tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=4,
-                   max_steps=2, report_to="jsonl", sample_max_new_tokens=4, head_type="mtp", output_dir=str(root / "mtp"))
+                   max_steps=2, report_to="none", sample_max_new_tokens=4, head_type="mtp", output_dir=str(root / "mtp"))
     training_function(RunOptions.from_flat(options))
     tied = root / "tied"
     tiny_model("gpt2", "tied").save_pretrained(tied)

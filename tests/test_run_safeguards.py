@@ -29,7 +29,7 @@ QUICKSTART_LM = ROOT / "training" / "configs" / "quickstart_lm.yaml"
 TINY = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
             dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=60, max_eval_samples=10,
             tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=4,
-            per_device_eval_batch_size=8, learning_rate=1e-3, dropout=0.0, logging_steps=2, report_to="jsonl",
+            per_device_eval_batch_size=8, learning_rate=1e-3, dropout=0.0, logging_steps=2, report_to="none",
             max_steps=4, save_steps=2, save_total_limit=1, sample_max_new_tokens=8)
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
        "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

@@ -27,7 +27,7 @@ TWO_PROCESSES = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "
 TINY_LM = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
                dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=300, max_eval_samples=40,
                tokenizer="bpe", tokenizer_vocab_size=400, block_size=32, per_device_train_batch_size=4,
-               per_device_eval_batch_size=8, learning_rate=1e-3, dropout=0.0, logging_steps=2, report_to="jsonl")
+               per_device_eval_batch_size=8, learning_rate=1e-3, dropout=0.0, logging_steps=2, report_to="none")
 N_PAIRS = 37  # odd, and not a multiple of 2 processes x batch size: accelerate pads the last batch
 
 
@@ -70,7 +70,7 @@ def seq2seq_run(tmp_path_factory):
                   source_column="question", target_column="answer", tokenizer="wordlevel", tokenizer_vocab_size=14,
                   tokenizer_min_frequency=1, max_source_length=8, max_target_length=8, per_device_train_batch_size=4,
                   per_device_eval_batch_size=4, max_steps=4, eval_steps=2, save_steps=2, logging_steps=1, dropout=0.0,
-                  generation_metrics=["sacrebleu", "chrf"], output_dir=str(out), report_to="jsonl")
+                  generation_metrics=["sacrebleu", "chrf"], output_dir=str(out), report_to="none")
     done = launch(config, tmp, launch_args=TWO_PROCESSES)
     return out, done.stdout
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
             dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=60, max_eval_samples=10,
             tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=4,
-            per_device_eval_batch_size=8, learning_rate=1e-3, dropout=0.0, logging_steps=2, report_to="jsonl",
+            per_device_eval_batch_size=8, learning_rate=1e-3, dropout=0.0, logging_steps=2, report_to="none",
             max_steps=4, save_steps=2, save_total_limit=1)
 
 

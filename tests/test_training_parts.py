@@ -521,7 +521,7 @@ def test_a_train_run_looks_its_head_class_up_once(backbone, tmp_path, monkeypatc
     GradientState._reset_state()
     train.main(given + ["--head_type", "drill", "--dataset_name", "stdlib_docstrings", "--dataset_config", "text",
                         "--max_train_samples", "40", "--max_eval_samples", "8", "--block_size", "32",
-                        "--per_device_train_batch_size", "4", "--max_steps", "1", "--report_to", "jsonl",
+                        "--per_device_train_batch_size", "4", "--max_steps", "1", "--report_to", "none",
                         "--sample_max_new_tokens", "2", "--dataloader_num_workers", "0",
                         "--output_dir", str(tmp_path / "run")])
     assert (tmp_path / "run" / "README.md").is_file() and "drill" in (tmp_path / "run" / "config.json").read_text()

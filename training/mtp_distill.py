@@ -129,7 +129,7 @@ def distill_options(run: Path, data_files: dict, length: int, output_dir, settin
         max_steps=steps, learning_rate=settings.learning_rate, lr_scheduler_type="cosine",
         warmup_steps=max(1, steps // 10), weight_decay=0.0, seed=settings.seed, logging_steps=max(1, steps // 10),
         sample_max_new_tokens=min(8, settings.new_tokens), output_dir=str(output_dir), resume="never",
-        report_to="jsonl"))
+        report_to="none"))
 
 
 def distill(run, examples: dict[str, torch.Tensor], output_dir, settings: DistillOptions) -> dict:

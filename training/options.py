@@ -29,6 +29,7 @@ from hf_outheads.head_options import (DeclaredOptions, HeadOptions, choice, flag
                                       probability, text)
 
 from hf_outheads.training.command_line import CommandParser, add_declared, declared_values, yaml_value
+from hf_outheads.training.tracking import report_to_names
 
 CONFIG_FILE = "train_config.yaml"  # a run's options, saved beside its model (`saved_options`)
 BYTE_ALPHABET = 256 + 4  # a byte-level BPE holds every byte plus <pad> <s> </s> <unk>
@@ -249,13 +250,21 @@ class TrainingOptions(DeclaredOptions):
         "TrainingArguments)."))
     resume: str = text("auto", help=(
         "'auto' resumes from the latest checkpoint in output_dir/checkpoints, 'never', or a checkpoint path."))
-    report_to: str = choice("auto", ("auto", "jsonl", "tensorboard"), help=(
-        "'auto' (JSONL, plus TensorBoard when installed), 'jsonl' or 'tensorboard'."))
+    report_to: str = text("none", help=(
+        "Trackers the run logs to besides metrics.jsonl, as Trainer's report_to: one of tensorboard, wandb, mlflow, "
+        "trackio, aim, comet_ml, swanlab, clearml, dvclive, a comma list of them, 'all' (every installed one) or "
+        "'none'; through accelerate's trackers, whose own variables (WANDB_PROJECT, MLFLOW_TRACKING_URI, ...) hold."))
+    run_name: str | None = text(None, optional=True, help=(
+        "The run's name in every tracker, as Trainer's run_name (null: output_dir's folder name)."))
     push_to_hub: bool = flag(False, help="Publish model, tokenizer and card to the Hub at the end.")
     hub_model_id: str | None = text(None, optional=True, help=(
         "Repository for push_to_hub, e.g. user/gpt2-drill-wikitext2 (default: output_dir's name)."))
     hub_private: bool = flag(False, help="Create the Hub repository as private.")
     license: str = text("apache-2.0", help="License written in the model card.")
+
+    def __post_init__(self):
+        super().__post_init__()
+        report_to_names(self.report_to)
 
 
 GROUPS = {"model": ModelOptions, "data": DataOptions, "training": TrainingOptions}  # `RunOptions`' fields, in order
@@ -269,7 +278,7 @@ NOT_SAVED = ("overwrite_output_dir",)  # how one command treats its folder, not 
 RUN_LENGTH = ("max_steps", "num_train_epochs")
 RESUME_MAY_CHANGE = RUN_LENGTH + (
     "per_device_eval_batch_size", "max_eval_samples", "eval_steps", "generation_metrics", "num_generation_examples",
-    "generation_num_beams", "sample_prompt", "sample_max_new_tokens", "logging_steps", "report_to", "save_steps",
+    "generation_num_beams", "sample_prompt", "sample_max_new_tokens", "logging_steps", "report_to", "run_name", "save_steps",
     "save_total_limit", "stop_after_steps", "resume", "output_dir", "push_to_hub", "hub_model_id", "hub_private",
     "license", "dataloader_num_workers", "preprocessing_num_workers", "gradient_checkpointing")
 assert set(RESUME_MAY_CHANGE) <= set(FIELDS), set(RESUME_MAY_CHANGE) - set(FIELDS)

@@ -17,6 +17,7 @@ wrong option fails with one message once the script is imported, not after the d
   (`checkpoints.resume_changes`). What only the built model shows (head options, vocabulary,
   shapes) is still checked when the checkpoint is loaded (`checkpoints.check_identity`);
 - `push_to_hub`: the Hub reachable with a token (`check_hub`), not found out after training;
+- the trackers of `report_to`: installed (`tracking.chosen_trackers`, which names the pip package);
 - the launch: FSDP asked for on a machine without accelerator (`launching.check_sharding`) stops
   before an output folder is made.
 """
@@ -37,6 +38,7 @@ from hf_outheads.training.evaluation import METRIC_KEYS
 from hf_outheads.training.launching import check_sharding, has_accelerator, with_launch_precision
 from hf_outheads.training.modeling import PRESETS, check_backbone, check_lengths
 from hf_outheads.training.tokenization import TRAINABLE
+from hf_outheads.training.tracking import chosen_trackers
 
 
 def check_tokenizer(options) -> None:
@@ -216,3 +218,4 @@ def check_run(options) -> None:
     check_schedule(options)
     check_checkpoint(options)
     check_hub(options)
+    chosen_trackers(options.training.report_to)  # a tracker that is not installed, named with its pip package

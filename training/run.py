@@ -41,14 +41,15 @@ from hf_outheads.training.launching import (accelerator_settings, check_process_
 from hf_outheads.training.loop import train_loop
 from hf_outheads.training.modeling import (build_model, parameter_counts, position_limit, step_flops, step_tokens,
                                            train_only, without_dropout)
-from hf_outheads.training.options import RunOptions, reassign_interval
+from hf_outheads.training.options import RunOptions, reassign_interval, saved_options
 from hf_outheads.training.publish import PushFailed, finish_run
 from hf_outheads.training.safeguards import (EarlierWork, NonFiniteError, OutputDirInUse, RunLock, earlier_work,
                                              release_run_locks)
 from hf_outheads.training.throughput import training_rates
 from hf_outheads.training.tokenization import (TRAINABLE, context_length, load_pretrained_tokenizer, load_saved_tokenizer,
                                                train_tokenizer)
-from hf_outheads.training.tracking import MetricsLog, Progress, start_log, trackers
+from hf_outheads.training.tracking import (MetricsLog, Progress, make_trackers, saved_tracker_runs, start_log,
+                                           start_trackers)
 
 
 class InputError(ValueError):
@@ -183,16 +184,17 @@ def evaluate_all(accelerator, model, eval_dl, gen_dl, tokenizer, options, final:
     return results
 
 
-def accelerator_for(options) -> Accelerator:
+def accelerator_for(options, resumed_ids: dict | None = None) -> Accelerator:
     """The Accelerator, accumulating `gradient_accumulation_steps` micro-batches per optimizer step
     (`loop.window_step`: `accelerator.accumulate`, DeepSpeed's own under DeepSpeed); several processes
     on a CPU-only machine form a CPU process group, and a launch asking for FSDP or DeepSpeed shards
     or stops (`launching.accelerator_settings`, `launching.check_sharding`). The output_dir is claimed
-    (`claim_output_dir`) before a tracker writes to it."""
+    (`claim_output_dir`) before a tracker writes to it; then the trackers of `report_to` start with the run's
+    options as their config (`tracking.start_trackers`), continuing a resumed run's (`resumed_ids`: the tracker
+    run ids saved in output_dir)."""
     training = options.training
-    log_with = trackers(training.report_to)
     accelerator = Accelerator(
-        mixed_precision=training.mixed_precision, log_with=log_with or None,
+        mixed_precision=training.mixed_precision, log_with=make_trackers(options, resumed_ids) or None,
         gradient_accumulation_steps=training.gradient_accumulation_steps,
         project_config=ProjectConfiguration(project_dir=training.output_dir),
         # batches pinned on a GPU (`get_dataloaders`) are copied to it without the host waiting for the device
@@ -214,9 +216,7 @@ def accelerator_for(options) -> Accelerator:
         raise refusal(error) from None
     check_process_count(accelerator)
     claim_output_dir(accelerator, options)
-    if log_with:
-        accelerator.init_trackers("train", config={k: v for k, v in options.flat().items()
-                                                   if isinstance(v, (int, float, str, bool))})
+    start_trackers(accelerator, options, saved_options(options), resumed_ids)
     return accelerator
 
 
@@ -306,12 +306,14 @@ def prepare_run(options) -> PreparedRun:
     (`PreparedRun.options`, which it saves) hold the mixed precision it trains with
     (`launching.with_launch_precision`)."""
     options, precision = with_launch_precision(options)
-    accelerator, training = accelerator_for(options), options.training  # claims output_dir before anything in it is written
+    training = options.training
+    checkpoint = checkpoint_to_resume(training.output_dir, training.resume)
+    resumed_ids = saved_tracker_runs(training.output_dir) if checkpoint is not None else None
+    accelerator = accelerator_for(options, resumed_ids)  # claims output_dir before anything in it is written
     if precision:
         accelerator.print(precision)
     torch.backends.cuda.matmul.allow_tf32 = True  # (the legacy switch: inductor reads the precision through it)
     set_seed(training.seed)
-    checkpoint = checkpoint_to_resume(training.output_dir, training.resume)
     with accelerator.main_process_first():
         train_split, validation_split = data_lib.select_splits(data_lib.load_raw(options), options)
     tokenizer = get_tokenizer(accelerator, options, train_split, checkpoint is not None)
