@@ -110,6 +110,15 @@ class ModelOptions(DeclaredOptions):
         "Names of the model's modules that train, e.g. [head.predictors] (an mtp head's future-token predictors); "
         "every other parameter is frozen, and a frozen head is not given the training set's word counts. Empty: the "
         "whole model trains."))
+    use_peft: bool = flag(False, help=(
+        "Train LoRA adapters on the backbone through PEFT (TRL's use_peft); the head, new, trains fully. The run "
+        "saves the merged model and the adapter (output_dir/adapter)."))
+    lora_r: int = integer(16, 1, help="LoRA rank (TRL's lora_r, PEFT's r).")
+    lora_alpha: int = integer(32, 1, help="LoRA scaling alpha (TRL's lora_alpha).")
+    lora_dropout: float = number(0.05, 0.0, 1.0, open_high=True, help="Dropout of the LoRA layers (TRL's lora_dropout).")
+    lora_target_modules: list = listing(list, help=(
+        "Backbone modules that get adapters, by name, e.g. [q_proj, v_proj], or [all-linear] (TRL's "
+        "lora_target_modules); empty: PEFT's default for the backbone's model type."))
     tokenizer: str = text("auto", help=(
         "'auto' (the pretrained model's), 'bpe' or 'wordlevel' (trained on the training split), or a Hub id/path."))
     tokenizer_vocab_size: int = integer(8000, 5, help=(
@@ -122,6 +131,9 @@ class ModelOptions(DeclaredOptions):
         if self.tokenizer == "bpe" and self.tokenizer_vocab_size < BYTE_ALPHABET:
             raise ValueError(f"Option tokenizer_vocab_size={self.tokenizer_vocab_size} is below the byte-level BPE "
                              f"alphabet: use at least {BYTE_ALPHABET} (256 bytes + 4 special tokens).")
+        if self.use_peft and self.trainable_modules:
+            raise ValueError(f"Options use_peft and trainable_modules={self.trainable_modules} exclude each other: LoRA "
+                             "trains the adapters and the head; drop one of them.")
         # `head` (no option, never saved): the run's head, decided and its options checked here, once
         object.__setattr__(self, "head", self.head_spec())
 

@@ -23,6 +23,7 @@ from hf_outheads.tools.model_card import build_model_card, citation_section, pip
 
 from hf_outheads.training.data import BUILT_CORPORA, corpus_config
 from hf_outheads.training.evaluation import SAMPLING
+from hf_outheads.training.lora import ADAPTER_FOLDER, merged_and_adapter, move_adapter
 from hf_outheads.training.options import CONFIG_FILE, saved_options
 from hf_outheads.training.tracking import RESULTS_FILE, read_metrics
 
@@ -234,15 +235,22 @@ def finish_run(model, tokenizer, options, results, state_dict=None) -> Path:
     (`hf_outheads.tools.folders.save_then_swap`; what a finish killed before left there is removed first), so that
     a run killed while it finishes leaves no folder that looks finished (the same command resumes it). Prints
     where the card is; then pushes (`publish`). `state_dict`: the full weights (`accelerator.get_state_dict`,
-    needed when the model is sharded); None: the model's."""
+    needed when the model is sharded); None: the model's. A `use_peft` run's model is PEFT's: its adapter
+    is written to output_dir/adapter and its merged model is the one saved (`lora.merged_and_adapter`)."""
     output_dir = Path(options.training.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     for stale in output_dir.glob(f"{SAVING_PREFIX}*"):  # the run holds the folder's lock: no other save is under way
         shutil.rmtree(stale, ignore_errors=True)
     plot_training_curve(output_dir)
+    adapter = None
+    if options.model.use_peft:  # `model` is PEFT's: the adapter saved, then the merged model is the run's model
+        shutil.rmtree(output_dir / ADAPTER_FOLDER, ignore_errors=True)  # an earlier run's, replaced (overwrite_output_dir)
+        model, adapter = merged_and_adapter(model, output_dir)
 
     def write(folder):
         folder = Path(folder)
+        if adapter is not None:
+            move_adapter(adapter, folder)
         model.save_pretrained(folder, state_dict=state_dict)
         tokenizer.save_pretrained(folder)
         (folder / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")

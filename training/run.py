@@ -38,6 +38,7 @@ from hf_outheads.training.evaluation import (copy_scores, evaluate_perplexity, f
                                              generation_scores, sample_text)
 from hf_outheads.training.launching import (accelerator_settings, check_process_count, check_sharding, refusal,
                                             with_launch_precision)
+from hf_outheads.training.lora import with_lora
 from hf_outheads.training.loop import train_loop
 from hf_outheads.training.modeling import (build_model, parameter_counts, position_limit, step_flops, step_tokens,
                                            train_only, without_dropout)
@@ -204,6 +205,10 @@ def accelerator_for(options, resumed_ids: dict | None = None) -> Accelerator:
     )
     try:
         check_sharding(accelerator)
+        if options.model.use_peft and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            raise ValueError(f"use_peft is not supported with {accelerator.distributed_type.value} here: launch without "
+                             "the sharding config (LoRA's frozen backbone needs no optimizer state), or without "
+                             "--use_peft.")
         if training.torch_compile and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
             raise ValueError(f"torch_compile is not supported with {accelerator.distributed_type.value} here: launch "
                              "without --torch_compile, or without the sharding config.")
@@ -328,6 +333,8 @@ def prepare_run(options) -> PreparedRun:
     if tokenizer.pad_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     train_only(model, options.model.trainable_modules)
+    if options.model.use_peft:
+        model = with_lora(model, options.model)
     if training.disable_dropout:
         without_dropout(model)
     if training.gradient_checkpointing:
@@ -465,7 +472,8 @@ def run_training(options, callbacks=()) -> dict:
     run.log.log({"event": "final",
                  **{k: v for k, v in results.items() if k not in ("samples", "sample", "sample_prompt", "sample_max_new_tokens")}}, run.progress.step)
     accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(run.model)  # every process: gathers a sharded model's full weights
+    # every process: gathers a sharded model's full weights; a LoRA run's model saves its merged weights
+    state_dict = None if options.model.use_peft else accelerator.get_state_dict(run.model)
     failed_push = None
     if accelerator.is_main_process:
         try:
