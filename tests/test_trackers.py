@@ -46,10 +46,10 @@ def tracker_env(tmp: Path) -> dict:
             "TRACKIO_DIR": str(tmp / "trackio")}
 
 
-def train(tmp: Path, command: list[str], **overrides) -> subprocess.CompletedProcess:
+def train(tmp: Path, command: list[str], env: dict | None = None, **overrides) -> subprocess.CompletedProcess:
     config = tmp / "run.yaml"
     config.write_text(yaml.safe_dump({**TINY_LM, "output_dir": str(tmp / "out"), **overrides}))
-    done = run([*command, "--config", str(config)], env=tracker_env(tmp), cwd=tmp)
+    done = run([*command, "--config", str(config)], env={**tracker_env(tmp), **(env or {})}, cwd=tmp)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
 
@@ -74,20 +74,20 @@ def wandb_runs(tmp: Path) -> list[dict]:
     return runs
 
 
-def mlflow_run(tmp: Path, name: str, monkeypatch):
+def mlflow_run(tmp: Path, name: str, monkeypatch, experiment: str = PROJECT):
     """The one MLflow run of the test's file store (MLflow 3 reads a file store when allowed to)."""
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = mlflow.tracking.MlflowClient(f"file:{tmp / 'mlruns'}")
-    experiment = client.get_experiment_by_name(PROJECT)
+    experiment = client.get_experiment_by_name(experiment)
     runs = client.search_runs([experiment.experiment_id])
     assert [r.info.run_name for r in runs] == [name]
     return client, runs[0]
 
 
-def trackio_losses(tmp: Path, name: str) -> dict[int, float]:
+def trackio_losses(tmp: Path, name: str, project: str = PROJECT) -> dict[int, float]:
     done = subprocess.run([sys.executable, "-c", (
         "import json, sys, trackio; print(json.dumps(trackio.SQLiteStorage.get_runs(sys.argv[1])));"
-        "print(json.dumps(trackio.SQLiteStorage.get_logs(sys.argv[1], sys.argv[2])))"), PROJECT, name],
+        "print(json.dumps(trackio.SQLiteStorage.get_logs(sys.argv[1], sys.argv[2])))"), project, name],
         env={**os.environ, "TRACKIO_DIR": str(tmp / "trackio")}, capture_output=True, text=True, check=True)
     runs, logs = (json.loads(line) for line in done.stdout.splitlines()[-2:])
     assert runs == [name]
@@ -153,19 +153,21 @@ def test_a_resumed_run_says_which_tracker_runs_it_continues(resumed_run):
         assert part in said[0]
 
 
-def test_two_processes_log_once(tmp_path, monkeypatch):
+def test_two_processes_log_once_where_the_trackers_variables_say(tmp_path, monkeypatch):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
               "29547", "-m", "hf_outheads.training.train"]
-    train(tmp_path, launch, max_steps=2, save_steps=None)
+    named = {"WANDB_PROJECT": "two", "MLFLOW_EXPERIMENT_NAME": "two", "TRACKIO_PROJECT": "two"}
+    train(tmp_path, launch, env=named, max_steps=2, save_steps=None)
     out = tmp_path / "out"
     losses = jsonl_losses(out)
     assert sorted(losses) == [1, 2]
     runs = wandb_runs(tmp_path)
-    assert len(runs) == 1 and [row["_step"] for row in runs[0]["history"] if "train_loss" in row] == [1, 2]
-    client, found = mlflow_run(tmp_path, "R", monkeypatch)
+    assert len(runs) == 1 and runs[0]["run"]["project"] == "two"
+    assert [row["_step"] for row in runs[0]["history"] if "train_loss" in row] == [1, 2]
+    client, found = mlflow_run(tmp_path, "R", monkeypatch, experiment="two")
     assert [m.step for m in client.get_metric_history(found.info.run_id, "train_loss")] == [1, 2]
-    assert sorted(trackio_losses(tmp_path, "R")) == [1, 2]
+    assert sorted(trackio_losses(tmp_path, "R", project="two")) == [1, 2]
     assert [step for step, _ in tensorboard_losses(out / "runs" / "R")] == [1, 2]
     assert len(list((out / "runs" / "R").glob("events.out.tfevents.*"))) == 1
 

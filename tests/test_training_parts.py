@@ -450,6 +450,25 @@ def test_option_table_and_help_are_current():
     assert "papers' defaults" not in GROUPS["model"].declarations()["head_options"].help  # they were chosen by measurement
 
 
+def test_the_options_named_as_trainers_and_trls_are_listed_and_are_theirs():
+    """docs/options.md lists the options that carry a `TrainingArguments`, TRL `ModelConfig` or `ScriptArguments`
+    name: each listed one is a field of that class, and every option that is such a field is listed."""
+    import dataclasses
+    import re
+
+    trl = pytest.importorskip("trl")
+    from transformers import TrainingArguments
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
+    section = page[page.index("## Names shared with Trainer and TRL"):page.index("## Trackers")]
+    trainer_part, model_part, script_part = re.split(r"These are TRL's `ModelConfig` names:|and TRL's `ScriptArguments`:",
+                                                     section)
+    for part, cls in ((trainer_part, TrainingArguments), (model_part, trl.ModelConfig), (script_part, trl.ScriptArguments)):
+        listed = set(re.findall(r"`(\w+)`", part)) - {"TrainingArguments"}
+        theirs = {f.name for f in dataclasses.fields(cls)} & set(FIELDS)
+        assert listed == theirs, (cls.__name__, listed ^ theirs)
+
+
 def test_the_documented_two_process_command_trains_in_a_folder_of_its_own():
     """In the quickstart's folder it would resume the finished quickstart run and train nothing."""
     import re
