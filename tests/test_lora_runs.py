@@ -86,6 +86,7 @@ def test_the_adapters_and_the_head_train_and_the_rest_stays_frozen(runs):
     lora_b = {name: value for name, value in adapter.items() if "lora_B" in name}
     head = {name: value for name, value in adapter.items() if ".head." in name}
     assert len(lora_b) == 4 and all(value.abs().max() > 0 for value in lora_b.values())  # B starts at zero: trained
+    assert "| use_peft | True |" in (out / "README.md").read_text() and "| lora_r | 4 |" in (out / "README.md").read_text()
     assert head and start["parameters"] == start["head_parameters"] + sum(
         value.numel() for name, value in adapter.items() if "lora_" in name)
     for name, value in pretrained.items():  # the backbone: its adapted matrices merged, every other one as it was

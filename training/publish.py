@@ -52,6 +52,8 @@ def hyperparameters(options) -> dict:
         values.pop("num_train_epochs")
     if values["dropout"] is None:
         values["dropout"] = "backbone default"
+    if options.model.use_peft:  # the card states a LoRA run as such
+        values.update({key: flat[key] for key in ("use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")})
     return values
 
 
