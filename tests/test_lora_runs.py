@@ -1,6 +1,7 @@
 """`hf-outheads train --use_peft` (TRL's option names) on a converted pretrained model: LoRA adapters on the
 backbone through PEFT, the new head trained fully. The run trains, saves the merged model (loaded by
-`AutoModelForCausalLM` with and without the package, exported as the backbone's own class) and the
+`AutoModelForCausalLM` with and without the package, exported as the backbone's own class, served by
+`hf-outheads serve`) and the
 adapter (loaded by `PeftModel.from_pretrained` on the converted backbone), and an interrupted run resumes
 to the weights of an uninterrupted one. A tiny random Llama and a word-level tokenizer, made here."""
 
@@ -128,6 +129,24 @@ def test_the_run_exports_as_its_backbones_own_class(runs, tmp_path):
     assert type(plain).__name__ == "LlamaForCausalLM"
     with torch.no_grad():
         torch.testing.assert_close(plain(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_run_is_served_with_the_tokens_generate_gives(runs, tmp_path):
+    """`hf-outheads serve RUN` serves the merged model: greedy completions equal `generate()`'s here."""
+    pytest.importorskip("openai")
+    from transformers import AutoTokenizer
+
+    from benchmarks.served import server
+
+    folder = str(runs[0] / "whole")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    prompt = "w5 w17 w42"
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    want = tokenizer.decode(model.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1]:],
+                            skip_special_tokens=True)
+    with server("hf-outheads", folder, log=tmp_path / "server.log") as client:
+        answer = client.completions.create(model=folder, prompt=prompt, max_tokens=6, temperature=0)
+    assert answer.choices[0].text.strip() == want.strip() and want.strip()
 
 
 def test_an_interrupted_lora_run_resumes_to_the_uninterrupted_weights(runs):
