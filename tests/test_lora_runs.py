@@ -1,9 +1,9 @@
 """`hf-outheads train --use_peft` (TRL's option names) on a converted pretrained model: LoRA adapters on the
 backbone through PEFT, the new head trained fully. The run trains, saves the merged model (loaded by
 `AutoModelForCausalLM` with and without the package, exported as the backbone's own class, served by
-`hf-outheads serve`) and the
-adapter (loaded by `PeftModel.from_pretrained` on the converted backbone), and an interrupted run resumes
-to the weights of an uninterrupted one. A tiny random Llama and a word-level tokenizer, made here."""
+`hf-outheads serve`) and the adapter (loaded by `PeftModel.from_pretrained` on the converted backbone),
+and an interrupted run resumes to the weights of an uninterrupted one. A tiny random Llama and a
+word-level tokenizer, made here."""
 
 from __future__ import annotations
 
