@@ -18,11 +18,14 @@ CODE = ("hf_outheads", "studies")  # what a run's numbers depend on, besides the
 
 
 def git(*args: str) -> str | None:
+    """git's output in the checkout, or None (no git, no checkout)."""
     try:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
+        with subprocess.Popen(["git", "-C", str(ROOT), *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) as process:
+            out, _ = process.communicate(timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return out.strip() if process.returncode == 0 else None
 
 
 @functools.cache
