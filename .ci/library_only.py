@@ -16,6 +16,6 @@ model = hf_outheads.OutHeadsForCausalLM.from_backbone(original, head_type="drill
 ids = torch.tensor([[1, 2, 3]])
 assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False),
                    original.eval().generate(ids, max_new_tokens=5, do_sample=False))
-card = model.create_model_card("someone/gpt2-drill")  # the template installed with the package (model_cards/)
+card = model.create_model_card("someone/gpt2-drill")  # the template installed with the package (hf_outheads/tools/model_card.md)
 assert "`drill` output head" in card.text and "arxiv:1905.05513" in card.data.tags, card.text
 print("CI: the library alone (no extras) imports, converts, generates and renders its card")

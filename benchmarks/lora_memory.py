@@ -5,7 +5,7 @@ converted random Llama (the `llama-small` preset's sizes: width 512, 8 layers, 1
     python -m benchmarks.lora_memory
 
 Each case runs in a fresh process (its peak memory its own): the model is converted, wrapped for
-LoRA as `hf-outheads train --use_peft` wraps it (`training/lora.py`: adapters on PEFT's default
+LoRA as `hf-outheads train --use_peft` wraps it (`hf_outheads/training/lora.py`: adapters on PEFT's default
 modules, `q_proj` and `v_proj`, rank 16, the head trained fully), and one AdamW step (forward with
 labels, backward, update) runs on `--batch` sequences of 256 tokens. `step MB` is the peak RSS during
 that first step above the RSS before it: gradients, the optimizer's state (allocated by the first

@@ -215,7 +215,7 @@ class OutputHead(nn.Module):
     def forward_flops(self, num_positions: int) -> int:
         """Floating-point operations (2 per multiply-add) of the head's matrix products in one
         training forward over `num_positions` scored positions, context-independent work (a
-        label encoder) counted once. A backward costs about twice this (`tools/flops.py`)."""
+        label encoder) counted once. A backward costs about twice this (`hf_outheads/training/flops.py`)."""
         raise NotImplementedError
 
     def loss_path(self, device: torch.device) -> str:

@@ -15,7 +15,7 @@ depth k (DeepSeek-V3 Eq. 25: lambda 0.3 for its first 10T tokens, then 0.1; Gloe
 sum of all heads' losses is `loss_weight = D`). `L_main` is the model's `nll_loss`; each `L_k` is
 depth k's summed NLL over the next-token loss's count (`extra_nll_sum`: the model divides it by the
 same count, `num_items_in_batch` when given), so that it sums over micro-batches and processes as the
-next-token loss does, in `training/train.py` and in `Trainer` alike (depth k has k fewer labels per
+next-token loss does, in `hf_outheads/training/train.py` and in `Trainer` alike (depth k has k fewer labels per
 sequence, so this is its mean times `(T - 1 - k) / (T - 1)` on full sequences of T tokens).
 `aux_terms` holds each depth's mean NLL (`mtp_nll_k`), which the training loop logs apart.
 The future terms are computed whenever labels are given; outside training (`eval()`) the model leaves

@@ -156,10 +156,10 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
         In training, `loss` = `nll_loss` (the token-mean NLL) + the head's `extra_nll_sum` over the same
         count (`mtp`'s future tokens, the z-loss) + `aux_loss` (a per-micro-batch training term, DOC's),
         weighted by this batch's share of `num_items_in_batch` when that is given: summed over a window's
-        micro-batches and processes as Trainer and `training/train.py` sum the losses, it counts
+        micro-batches and processes as Trainer and `hf_outheads/training/train.py` sum the losses, it counts
         once (a token-weighted mean), not once per micro-batch and process. Outside training (`eval()`)
         `loss` is `nll_loss` alone, so that `exp(loss)` is the perplexity (Trainer's `eval_loss`, as
-        `training/evaluation.py` computes it); `aux_terms` still names the extra terms' parts (`mtp_nll_k`).
+        `hf_outheads/training/evaluation.py` computes it); `aux_terms` still names the extra terms' parts (`mtp_nll_k`).
         `return_logits` (forward argument): None lets the head decide
         (mixture heads return `logits=None` when training with labels), True always computes logits,
         False skips them when labels are given. `token_ids`: the (decoder) input ids, or None."""

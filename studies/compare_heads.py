@@ -12,7 +12,9 @@ as mean ± std over seeds, the learning curves, and perplexity against training 
 results exist is reused, so a killed comparison resumes where it stopped. With `--jobs N`,
 N runs train at once, each with `cores / N` torch threads. Written: `results.md`,
 `results.json`, `curves.png` (perplexity per evaluation, mean and range over seeds) and
-`walltime.png` (the same against cumulated training seconds).
+`walltime.png` (the same against cumulated training seconds). Each run of results.json names what
+trained it (`produced_by`: the code's commit and the packages' versions, `studies/provenance.py`),
+and results.json the command.
 
 `--add_to <folder>` adds runs to a written comparison (its `results.json`, e.g. a regime's in
 studies/results) without training its other runs again: only `--heads` train (with the comparison's
@@ -35,6 +37,9 @@ import yaml
 from hf_outheads.training.options import CONFIG_FILE, parse_options, saved_options
 from hf_outheads.training.tracking import RESULTS_FILE, read_metrics
 from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
+from studies.provenance import produced_by
+
+PRODUCED_BY = "produced_by.json"  # a run's `provenance.produced_by`, written when it was trained
 
 def add_flags(parser):
     parser.add_argument("--heads", required=True, help="Comma-separated run names: head types or variants (see above).")
@@ -73,12 +78,13 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
     config = {**saved_options(options), "head_type": spec[0], "head_options": spec[1], "head_options_by_head": {},
               "seed": seed, "output_dir": str(run_dir), "resume": "never", "push_to_hub": False}
     text = yaml.safe_dump(config, sort_keys=False)  # train.py saves the same file when it finishes
-    config_path, results_path = run_dir / CONFIG_FILE, run_dir / RESULTS_FILE
+    config_path, results_path, produced = run_dir / CONFIG_FILE, run_dir / RESULTS_FILE, run_dir / PRODUCED_BY
     # the same options in another order (a refactor of an options class) are the same run
     if results_path.exists() and config_path.exists() and yaml.safe_load(config_path.read_text()) == yaml.safe_load(text):
         print(f"=== {name} seed {seed}: reusing {results_path}", flush=True)
     else:
         results_path.unlink(missing_ok=True)
+        produced.unlink(missing_ok=True)
         config_path.write_text(text)
         command = [sys.executable, "-m", "accelerate.commands.launch", *shlex.split(launch_args), "-m", "hf_outheads.training.train",
                    "--config", str(config_path), "--overwrite_output_dir", "true"]
@@ -90,10 +96,13 @@ def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: 
             tail = (run_dir / "train.log").read_text().strip().splitlines()[-5:]
             print(f"=== {name} seed {seed} failed:\n" + "\n".join(tail), flush=True)
             return {"name": name, "seed": seed, "error": tail[-1] if tail else f"exit code {done.returncode}"}
+        produced.write_text(json.dumps(produced_by(), indent=1) + "\n")
     curve = [{k: r[k] for k in ("step", "train_seconds", "train_flops", *dict(METRICS)) if k in r}
              for r in read_metrics(run_dir) if any(m in r for m in dict(METRICS))]
     run = {"name": name, "head": spec[0], "head_options": spec[1], "seed": seed,
            **json.loads(results_path.read_text()), "curve": curve}
+    if produced.exists():  # (a run trained before runs recorded it has none)
+        run["produced_by"] = json.loads(produced.read_text())
     return fill_flops(run, run_dir, options)
 
 

@@ -8,7 +8,7 @@ at equal steps and at equal training FLOPs, and by word-frequency band.
   evaluations) at the smallest training-FLOP budget any row reached, so a head that costs
   more per step is compared where the cheapest run stopped.
 - Bands: perplexity of the validation tokens whose word occurs rarely / moderately / often in
-  the training set (`hf_outheads.tools.frequency_bands`, the DRILL paper's analysis).
+  the training set (`hf_outheads.training.frequency_bands`, the DRILL paper's analysis).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ COPY = "copy source"  # the row of the sources taken as their own translations
 
 def copy_baseline(runs: list[dict]) -> dict[str, tuple[float, float]]:
     """Mean ± std over the finished runs of the scores of the copied source (`eval_copy_<metric>`,
-    training/evaluation.py `copy_scores`); runs of one comparison share the pairs, so the std is 0
+    hf_outheads/training/evaluation.py `copy_scores`); runs of one comparison share the pairs, so the std is 0
     unless runs generated on different pairs."""
     done = [r for r in runs if "error" not in r]
     return {key: mean_std([r[f"eval_copy_{key.removeprefix('eval_')}"] for r in done]) for key, _ in GENERATION_METRICS

@@ -3,7 +3,7 @@ and compared with the original: the families whose conversion is proven exact, t
 (and why), and those whose tiny model cannot be built here (and why).
 
     python -m studies.family_sweep     # sweep, write studies/results/families.json, then
-    python -m tools.doc_tables       # rewrite the tables generated from it (docs/families.md, ...)
+    python -m maintainer.doc_tables       # rewrite the tables generated from it (docs/families.md, ...)
 
 For each family of transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` and
 `MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES`, the model class there is built from its config class

@@ -6,7 +6,7 @@ it was better), at equal training FLOPs, and on the rare-word band.
     python -m studies.regimes studies/results/compare_stdlib_lm studies/results/compare_finetune_stdlib ...
 
 It prints the table; the regimes' table in studies/results/regimes.md, and README.md's head
-table built from the same results, are written by `python -m tools.doc_tables`.
+table built from the same results, are written by `python -m maintainer.doc_tables`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The head comparison at GPT-2-small size, on one GPU, as a queue that goes on from call to call:
 every head trains the same backbone on the same token budget and block order of the packed
-corpus (`training/corpora/debian_docs.py`) with `training/train.py`, the loop every user runs,
+corpus (`hf_outheads/training/corpora/debian_docs.py`) with `hf_outheads/training/train.py`, the loop every user runs,
 called in this process (`run.train_in_process`): compiled (`torch_compile`), in bf16 with sdpa
 attention, TF32 and fused AdamW, with no host read between logging steps. Recorded per run, from
 train.py's results and metrics.jsonl: validation perplexity (during and after training), perplexity
-by training-frequency band (`hf_outheads.tools.frequency_bands`), training tokens/s, training FLOPs
-(`hf_outheads.tools.flops`), the achieved FLOP rate against the device's measured bf16 peak (MFU) and
+by training-frequency band (`hf_outheads.training.frequency_bands`), training tokens/s, training FLOPs
+(`hf_outheads.training.flops`), the achieved FLOP rate against the device's measured bf16 peak (MFU) and
 the loss path the head trained with; after an `mtp` run, in the same call, its greedy drafting
 against plain greedy (`drafting_speed`: `studies.mtp_speed`'s measurement on validation blocks,
 token-identical or said to fail, into `speed.md` / `speed.json` and a line of the results).
@@ -158,6 +158,7 @@ def train_run(name: str, seed: int, cfg: dict, corpus: Path, data_files: dict, s
     from hf_outheads.training.tokenization import load_pretrained_tokenizer
     from hf_outheads.training.tracking import read_metrics
     from hf_outheads.training.run import train_in_process
+    from studies.provenance import produced_by
 
     output_dir = scratch / f"{name}-seed{seed}"
     options = run_options(cfg, name, seed, corpus, data_files, output_dir)
@@ -187,7 +188,8 @@ def train_run(name: str, seed: int, cfg: dict, corpus: Path, data_files: dict, s
            "attn_implementation": model.config.text_config._attn_implementation,
            "torch_compile": training.torch_compile, "torch": torch.__version__,
            "dtype": "bf16 autocast" if training.mixed_precision == "bf16" else "fp32",
-           "model": {key: cfg[key] for key in ("n_layer", "n_embd", "n_head")}, "curve": curve(read_metrics(output_dir))}
+           "model": {key: cfg[key] for key in ("n_layer", "n_embd", "n_head")}, "curve": curve(read_metrics(output_dir)),
+           "produced_by": produced_by()}
     if spec.head_type == "mtp":  # its model is on disk until the folder goes: its drafting speed now
         row["drafting"] = drafting_speed(output_dir, f"{name}/seed{seed}", cfg["drafting"], corpus, deadline)
     shutil.rmtree(output_dir)
@@ -394,7 +396,7 @@ def check_drafting(drafting: dict | None, block: int, parser, config: Path) -> N
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path(__file__).parent / "configs" / "scale_gpt2small.yaml")
-    parser.add_argument("--data", type=Path, help="folder of the packed corpus (training/corpora/debian_docs.py)")
+    parser.add_argument("--data", type=Path, help="folder of the packed corpus (hf_outheads/training/corpora/debian_docs.py)")
     parser.add_argument("--heads", help="comma-separated run names to train, in this order, at the config's seed "
                                         "(default: the queue, and its second seeds)")
     parser.add_argument("--runs", type=Path, default=RESULTS / RUNS_FILE,

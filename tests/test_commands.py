@@ -1,5 +1,5 @@
 """The commands as users type them: the installed `hf-outheads train | export | quickstart`
-and the scripts by path (`accelerate launch training/train.py`, `python training/train.py`) from any
+and the scripts by path (`accelerate launch hf_outheads/training/train.py`, `python hf_outheads/training/train.py`) from any
 folder, configs named as the READMEs write them, and an export of a folder that does not exist.
 
 The installed command and the scripts by path run the installed package's `hf_outheads.training`;
@@ -25,7 +25,7 @@ from hf_outheads.training.launching import has_accelerator
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLED = importlib.util.find_spec("hf_outheads.training")
 needs_install = pytest.mark.skipif(
-    INSTALLED is None or Path(INSTALLED.origin).parent != ROOT / "training",
+    INSTALLED is None or Path(INSTALLED.origin).parent != ROOT / "hf_outheads" / "training",
     reason="hf_outheads is not installed from this checkout (pip install -e '.[dev]'): the installed command and "
            "the scripts by path run the installed package's training code")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -45,7 +45,7 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
 
     main(["--help"])
     usage = capsys.readouterr().out
-    assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "export", "mtp-distill", "serve")), usage
+    assert all(f"\n  {name} " in usage for name in ("quickstart", "train", "mtp-distill", "export", "gguf", "serve")), usage
     with pytest.raises(SystemExit) as error:
         main([])
     said = capsys.readouterr()
@@ -54,7 +54,7 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(capsys):
     with pytest.raises(SystemExit) as error:
         main(["trian"])
     assert error.value.code == 2 and capsys.readouterr().err.strip() == (
-        "hf-outheads: error: unknown command 'trian'; choose one of quickstart, train, export, mtp-distill, serve.")
+        "hf-outheads: error: unknown command 'trian'; choose one of quickstart, train, mtp-distill, export, gguf, serve.")
     scripts = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"hf-outheads": "hf_outheads.tools.cli:main"}
 
@@ -63,13 +63,13 @@ def test_a_config_named_as_the_readmes_write_it_is_found_from_any_folder(tmp_pat
     from hf_outheads.training.options import SHIPPED_CONFIGS, config_path, parse_options
 
     monkeypatch.chdir(tmp_path)
-    assert config_path("training/configs/quickstart_lm.yaml") == SHIPPED_CONFIGS / "quickstart_lm.yaml"
-    assert parse_options(["--config", "training/configs/quickstart_seq2seq.yaml"]).model.task == "seq2seq"
-    (tmp_path / "training" / "configs").mkdir(parents=True)
-    (tmp_path / "training" / "configs" / "quickstart_lm.yaml").write_text("max_steps: 7\n")
-    assert parse_options(["--config", "training/configs/quickstart_lm.yaml"]).training.max_steps == 7  # a file there wins
+    assert config_path("hf_outheads/training/configs/quickstart_lm.yaml") == SHIPPED_CONFIGS / "quickstart_lm.yaml"
+    assert parse_options(["--config", "hf_outheads/training/configs/quickstart_seq2seq.yaml"]).model.task == "seq2seq"
+    (tmp_path / "hf_outheads" / "training" / "configs").mkdir(parents=True)
+    (tmp_path / "hf_outheads" / "training" / "configs" / "quickstart_lm.yaml").write_text("max_steps: 7\n")
+    assert parse_options(["--config", "hf_outheads/training/configs/quickstart_lm.yaml"]).training.max_steps == 7  # a file there wins
     with pytest.raises(ValueError, match=r"--config my/run.yaml: no such file. The shipped configs are "
-                                         r"training/configs/\{.*quickstart_lm.yaml"):
+                                         r"hf_outheads/training/configs/\{.*quickstart_lm.yaml"):
         parse_options(["--config", "my/run.yaml"])
 
 
@@ -77,7 +77,7 @@ def test_a_config_named_as_the_readmes_write_it_is_found_from_any_folder(tmp_pat
 def test_the_installed_command_trains_and_exports_from_any_folder(tmp_path):
     entry = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "hf-outheads"]
     assert [e.value for e in entry] == ["hf_outheads.tools.cli:main"]
-    run = command("-m", "hf_outheads.tools.cli", "train", "--config", "training/configs/quickstart_lm.yaml",
+    run = command("-m", "hf_outheads.tools.cli", "train", "--config", "hf_outheads/training/configs/quickstart_lm.yaml",
                   "--output_dir", "lm", *TINY, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "validation perplexity" in run.stdout and (tmp_path / "lm" / "model.safetensors").is_file()
@@ -91,14 +91,14 @@ def test_the_installed_command_trains_and_exports_from_any_folder(tmp_path):
 def test_the_scripts_run_by_path_from_the_repository_root_and_from_any_folder(tmp_path):
     launch = ["-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision",
               "no", "--dynamo_backend", "no"]
-    for argv, cwd in (([*launch, "training/train.py"], ROOT), ([ROOT / "training" / "train.py"], tmp_path)):
+    for argv, cwd in (([*launch, "hf_outheads/training/train.py"], ROOT), ([ROOT / "hf_outheads" / "training" / "train.py"], tmp_path)):
         run = command(*argv, "--help", cwd=cwd, timeout=120)
         assert run.returncode == 0 and "--overwrite_output_dir" in run.stdout, run.stderr[-3000:]
-    run = command(ROOT / "training" / "export.py", "missing", "out", cwd=tmp_path, timeout=120)
+    run = command(ROOT / "hf_outheads" / "tools" / "export.py", "missing", "out", cwd=tmp_path, timeout=120)
     assert run.returncode == 2 and run.stderr.strip() == "Not exported: the folder missing does not exist.", run.stderr
-    run = command(ROOT / "training" / "mtp_distill.py", "--help", cwd=tmp_path, timeout=120)
+    run = command(ROOT / "hf_outheads" / "training" / "mtp_distill.py", "--help", cwd=tmp_path, timeout=120)
     assert run.returncode == 0 and "--max_steps" in run.stdout, run.stderr[-3000:]
-    run = command(ROOT / "training" / "mtp_distill.py", str(tmp_path), "--output_dir", "out", cwd=tmp_path, timeout=120)
+    run = command(ROOT / "hf_outheads" / "training" / "mtp_distill.py", str(tmp_path), "--output_dir", "out", cwd=tmp_path, timeout=120)
     assert run.returncode == 2 and "has no train_config.yaml" in run.stderr, run.stderr[-3000:]
 
 
@@ -107,7 +107,7 @@ def test_exporting_a_folder_that_does_not_exist_says_so_in_one_line_without_the_
     never reaches the Hub; a repo id does, and its failure is one line too."""
     import transformers
 
-    from hf_outheads.training.export import main
+    from hf_outheads.tools.export import main
 
     def no_hub(name, *args, **kwargs):
         raise AssertionError(f"the Hub was asked for {name}")
@@ -154,21 +154,21 @@ BAD_COMMAND_LINES = [
     (["train", "--head_options", "{depth: 2"], r"--head_options \{depth: 2 is not valid YAML"),
     (["train", "--save_total_limit", "-1"], r"save_total_limit must be an integer >= 1, got -1"),
     (["train", "--lr_scheduler_type", "cosin"], r"lr_scheduler_type='cosin' is not one of \['linear', 'cosine'"),
-    (["train", "--config", "training/configs/quickstart_lm.yaml", "--pretrained", "no-one/no-model"],
+    (["train", "--config", "hf_outheads/training/configs/quickstart_lm.yaml", "--pretrained", "no-one/no-model"],
      r"Option pretrained='no-one/no-model': its config cannot be loaded"),
-    (["train", "--config", "training/configs/quickstart_lm.yaml", "--dataset_name", "null", "--data_files",
+    (["train", "--config", "hf_outheads/training/configs/quickstart_lm.yaml", "--dataset_name", "null", "--data_files",
       "{train: gone.txt, validation: gone.txt}"], r"The data_files .*gone.txt.* cannot be loaded: "),
-    (["train", "--config", "training/configs/quickstart_lm.yaml", "--tokenizer", "no-such-folder/"],
+    (["train", "--config", "hf_outheads/training/configs/quickstart_lm.yaml", "--tokenizer", "no-such-folder/"],
      r"The tokenizer 'no-such-folder/' cannot be loaded: "),
-    (["train", "--config", "training/configs/quickstart_lm.yaml", "--generation_metrics", "[sacrebleu]"],
+    (["train", "--config", "hf_outheads/training/configs/quickstart_lm.yaml", "--generation_metrics", "[sacrebleu]"],
      r"Option generation_metrics \(BLEU, chrF, ROUGE\) applies to task: seq2seq"),
-    (["train", "--config", "training/configs/quickstart_seq2seq.yaml", "--generation_metrics", "[bleu]"],
+    (["train", "--config", "hf_outheads/training/configs/quickstart_seq2seq.yaml", "--generation_metrics", "[bleu]"],
      r"Option generation_metrics: unknown metric\(s\) \['bleu'\]. Valid metrics: \['chrf', 'rouge', 'sacrebleu'\]"),
-    (["train", "--config", "training/configs/quickstart_lm.yaml", "--model_overrides", "{n_embd: abc}"],
+    (["train", "--config", "hf_outheads/training/configs/quickstart_lm.yaml", "--model_overrides", "{n_embd: abc}"],
      r"Option model_overrides=\{'n_embd': 'abc'\}: .*expected int"),
-    (["train", "--config", "training/configs/quickstart_lm.yaml", "--model_overrides", "{n_embd: 30, n_head: 4}"],
+    (["train", "--config", "hf_outheads/training/configs/quickstart_lm.yaml", "--model_overrides", "{n_embd: 30, n_head: 4}"],
      r"The gpt2-tiny model cannot be built with these options: .*divisible by num_heads"),
-    (["train", "--config", "training/configs/quickstart_lm.yaml", "--head_type", "doc", "--head_options",
+    (["train", "--config", "hf_outheads/training/configs/quickstart_lm.yaml", "--head_type", "doc", "--head_options",
       "{components: [[5, 2]]}"], r"The gpt2-tiny model cannot be built with these options: Head 'doc': layer 5 does not"),
     (["export", "--bad"], r"hf-outheads export: error: "),
     (["export", "run", "out", "--approximate"], r"--approximate measures what it drops costs on --text-file FILE: give it"),
@@ -230,11 +230,12 @@ def test_dashed_spellings_are_accepted_and_every_commands_help_shows_the_default
 
 
 HELP_EXAMPLES = {  # a command's examples, each printed as a line of its own by `--help`
-    "train": "  hf-outheads train --config training/configs/quickstart_lm.yaml [--key value ...]",
+    "train": "  hf-outheads train --config hf_outheads/training/configs/quickstart_lm.yaml [--key value ...]",
     "export": "    hf-outheads export <trained_dir> <out_dir> --approximate --text-file sample.txt",
     "quickstart": "    hf-outheads quickstart --task lm  # only one of them",
     "mtp-distill": "    hf-outheads mtp-distill RUN_DIR --output_dir OUT [--prompts 512 --max_steps 300] [--overwrite]",
     "serve": "    hf-outheads serve outputs/quickstart_lm --port 8000",
+    "gguf": "    hf-outheads gguf LLAMA_CPP_DIR PLAIN_DIR [convert_hf_to_gguf.py options]",
 }
 
 

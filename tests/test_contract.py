@@ -100,7 +100,7 @@ measured = run_case(dict(head="toy-small", vocab=64, positions=32, reps=1, threa
                          dtype="fp32", backbone="gpt2-tiny", gen_tokens=0, gen_reps=1))
 assert measured["step_s"] > 0 and measured["step_vs_tied"] > 0, measured
 assert plain_export_capabilities()["toy"] is True
-from tools.doc_tables import head_table, serving_table
+from maintainer.doc_tables import head_table, serving_table
 assert "| `toy` ([Doe & Roe 2026](https://arxiv.org/abs/2601.00001)) | not run in the comparisons |" in head_table(), head_table()
 assert "`toy`" in next(line for line in serving_table().splitlines() if line.startswith("| `linear`"))
 assert HEAD_CASES["toy"] == {"output_bias": False}
@@ -444,8 +444,9 @@ def test_remote_code_load_refuses_missing_head_weights(remote_loads):
 
 
 def tool_imports(source: str) -> list[str]:
-    """The modules of `hf_outheads.tools` that the import statements of `source`, a file of `hf_outheads/`,
-    name: anywhere in it, a function's too (transformers' remote code copies what those name, indented or not)."""
+    """The modules of `hf_outheads.tools` and `hf_outheads.training` (what a saved folder does not carry) that
+    the import statements of `source`, a file of `hf_outheads/`, name: anywhere in it, a function's too
+    (transformers' remote code copies what those name, indented or not)."""
     named = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -453,23 +454,27 @@ def tool_imports(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(filter(None, ("hf_outheads" if node.level == 1 else "", node.module)))
             named += [f"{base}.{alias.name}" for alias in node.names]
-    return [name for name in named if f"{name}.".startswith("hf_outheads.tools.")]
+    return [name for name in named if f"{name}.".startswith(("hf_outheads.tools.", "hf_outheads.training."))]
 
 
 def test_no_runtime_file_imports_a_tool_by_statement():
-    """The runtime (the files of `hf_outheads/`) reaches the tools (`hf_outheads/tools/`) through
-    `model_io.package_tool` alone: an import statement of a tool would make transformers copy it, and every
-    package it imports, into a saved folder. The cli calls each command's `main`, with no `runpy`."""
-    assert tool_imports("from .tools.flops import training_flops_per_step") == ["hf_outheads.tools.flops.training_flops_per_step"]
+    """The runtime (the files of `hf_outheads/`) imports no training code and reaches the tools
+    (`hf_outheads/tools/`) through `model_io.package_tool` alone: an import statement of a tool would make transformers copy it, and every
+    package it imports, into a saved folder. The cli imports each command's module by statement, in its branch."""
+    assert tool_imports("from .tools.conversion import convert_pretrained") == ["hf_outheads.tools.conversion.convert_pretrained"]
+    assert tool_imports("from .training.flops import training_flops_per_step") == ["hf_outheads.training.flops.training_flops_per_step"]
     assert tool_imports("def f():\n    from .tools import folders\n") == ["hf_outheads.tools.folders"]
-    assert tool_imports("import hf_outheads.tools.flops\nfrom hf_outheads import tools") == [
-        "hf_outheads.tools.flops", "hf_outheads.tools"]
+    assert tool_imports("import hf_outheads.training.flops\nfrom hf_outheads import tools") == [
+        "hf_outheads.training.flops", "hf_outheads.tools"]
     assert tool_imports("from .head_catalog import get_head_class\nfrom . import losses\nimport tools") == []
     runtime = sorted(path.name for path in PACKAGE.glob("*.py"))
     assert {"model_io.py", "modeling_outheads.py", "losses.py"} <= set(runtime), runtime
     found = {name: named for name in runtime if (named := tool_imports((PACKAGE / name).read_text()))}
     assert not found, f"runtime files that import a tool by statement (use model_io.package_tool): {found}"
-    assert not [path.name for path in PACKAGE.rglob("*.py") if "runpy" in path.read_text()]
+    cli = (PACKAGE / "tools" / "cli.py").read_text()
+    assert "runpy" not in cli and "import_module" not in cli  # each command's module imported by statement
+    assert [path.name for path in PACKAGE.rglob("*.py") if "runpy" in path.read_text()] == ["gguf_convert.py"]  # (it
+    # runs llama.cpp's converter script as that script is)
 
 
 def test_remote_code_needs_no_package_beyond_torch_and_transformers():

@@ -117,7 +117,7 @@ def test_converted_model_keeps_the_originals_mode(tmp_path):
 @pytest.mark.parametrize("head_type", [None, "linear", "bilinear", "drill", "mos"])
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 def test_a_trained_model_with_a_plain_head_converts_to_another_head(name, head_type, tmp_path):
-    """An hf_outheads model with the `tied` head (e.g. one trained with training/train.py) is an
+    """An hf_outheads model with the `tied` head (e.g. one trained with hf_outheads/training/train.py) is an
     ordinary LM: from_backbone swaps its head, exactly where the new head's form allows it."""
     plain = tiny_model(name, "tied")
     cls = type(plain)

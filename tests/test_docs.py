@@ -93,7 +93,7 @@ def unbound_names(code: str) -> set[str]:
 
 def test_the_readme_python_quickstart_imports_every_name_it_uses():
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Quickstart in Python", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## Convert, generate and save in Python", 1)[1].split("\n## ", 1)[0]
     blocks = snippets(section)
     assert blocks and all(not unbound_names(block) for block in blocks), [unbound_names(b) for b in blocks]
     assert "OutHeadsConfig" in "".join(blocks) and "LlamaConfig" in "".join(blocks)
@@ -110,16 +110,16 @@ def test_the_readme_installs_each_extra_once():
 def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
     """README.md's head table, studies/README.md's tables of every run, hf_outheads/README.md's serving
     table, docs/families.md's list of families, regimes.md's and families.md's tables are what
-    `python -m tools.doc_tables` writes from the head classes and the results files; a figure, a seed
+    `python -m maintainer.doc_tables` writes from the head classes and the results files; a figure, a seed
     count or a family edited by hand, in any of them, no longer matches."""
-    from tools.doc_tables import documents, held_and_current
+    from maintainer.doc_tables import documents, held_and_current
 
     tables = {}
     for path in documents():
         for name, held, now in held_and_current(path):
-            assert held == now, f"{path.relative_to(ROOT)}: table `{name}` is not current: run python -m tools.doc_tables"
+            assert held == now, f"{path.relative_to(ROOT)}: table `{name}` is not current: run python -m maintainer.doc_tables"
             tables[name] = (path, held)
-    assert set(tables) == {"heads", "regime_groups", "serving", "regimes", "families", "unbuilt_families"}
+    assert set(tables) == {"heads", "regime_groups", "serving", "regimes", "families", "unbuilt_families", "example_card"}
     edits = {"heads": ("perplexity -5.7% (3/3)", "perplexity -5.7% (1/3)"),
              "regime_groups": ("| -2.2% (3/3) |", "| -2.2% (1/3) |"),
              "serving": ("not at all: a mixture", "exact: a mixture"),
@@ -135,7 +135,7 @@ def test_every_generated_table_is_current_and_a_hand_edit_fails(tmp_path):
 
 def test_every_regime_is_in_one_group_of_studies_tables():
     from studies.regimes import REGIMES
-    from tools.doc_tables import REGIME_GROUPS
+    from maintainer.doc_tables import REGIME_GROUPS
 
     grouped = [folder for folders in REGIME_GROUPS.values() for folder in folders]
     assert sorted(grouped) == sorted(REGIMES) and all(len(folders) <= 5 for folders in REGIME_GROUPS.values())
@@ -150,7 +150,7 @@ def test_the_tables_seed_counts_and_the_readmes_choice_come_from_each_seeds_resu
     import json
     import shutil
 
-    import tools.doc_tables as doc_tables
+    import maintainer.doc_tables as doc_tables
     from studies.regimes import RESULTS
 
     results = tmp_path / "results"
@@ -181,7 +181,7 @@ def test_the_tables_seed_counts_and_the_readmes_choice_come_from_each_seeds_resu
 
 
 def test_a_head_that_never_beats_its_reference_at_every_seed_says_no_gain_measured():
-    from tools.doc_tables import head_table
+    from maintainer.doc_tables import head_table
 
     mtp = next(line for line in head_table().splitlines() if line.startswith("| `mtp` "))
     assert "no gain measured (closest: " in mtp and "perplexity +0.0% (1/3)" in mtp
@@ -324,8 +324,8 @@ DOTTED = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?`")
 FILE_ENDINGS = {"py", "yaml", "yml", "json", "jsonl", "md", "txt", "pt", "safetensors", "png", "csv", "toml", "sh", "log",
                 "xz", "gz", "whl", "gguf"}
 LIBRARIES = ("transformers", "torch", "torch.nn", "accelerate", "datasets", "trl", "peft", "huggingface_hub")
-FOLDERS = {"hf_outheads": "hf_outheads", "hf_outheads/tools": "hf_outheads.tools", "training": "hf_outheads.training",
-           "training/corpora": "hf_outheads.training.corpora", "studies": "studies"}
+FOLDERS = {"hf_outheads": "hf_outheads", "hf_outheads/tools": "hf_outheads.tools", "hf_outheads/training": "hf_outheads.training",
+           "hf_outheads/training/corpora": "hf_outheads.training.corpora", "studies": "studies"}
 
 
 def project_modules() -> dict[str, str]:

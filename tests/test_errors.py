@@ -121,7 +121,7 @@ def test_intact_checkpoint_loads(saved_linear):
 def test_a_saved_config_whose_head_options_are_not_a_mapping_is_named(saved_linear, saved, tmp_path_factory):
     """A hand-edited config.json; loading names `head_options`, and so does the
     export command, in one line with status 2."""
-    from hf_outheads.training.export import main as export
+    from hf_outheads.tools.export import main as export
 
     config = json.loads((saved_linear / "config.json").read_text())
     (saved_linear / "config.json").write_text(json.dumps({**config, "head_options": saved}))

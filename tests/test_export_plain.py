@@ -262,8 +262,8 @@ def test_conversion_into_a_head_without_bias():
 
 
 def test_command_line(tmp_path):
-    """`python -m hf_outheads.training.export <trained_dir> <out_dir>`: the saved model and its tokenizer."""
-    from hf_outheads.training.export import main
+    """`python -m hf_outheads.tools.export <trained_dir> <out_dir>`: the saved model and its tokenizer."""
+    from hf_outheads.tools.export import main
 
     model = perturb(tiny_model("llama", "drill"))
     model.save_pretrained(tmp_path / "trained")
@@ -289,7 +289,7 @@ def test_every_fix_an_export_refusal_names_works(tmp_path):
     trained with `logit_softcap` was told `--approximate --text-file FILE`, which refused the same way."""
     from transformers import Gemma2Config
 
-    from hf_outheads.training.export import main
+    from hf_outheads.tools.export import main
 
     sample = tmp_path / "sample.txt"
     sample.write_text("w5 w6 w7 w8\n\nw9 w10 w11\n")

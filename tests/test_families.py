@@ -3,7 +3,7 @@
 what each one does (exact, refused with its reason, not buildable here with its reason, skipped) is what
 `studies/results/families.json` records and docs/families.md's generated list shows, so that a new
 transformers release shows what it broke (rerun `python -m studies.family_sweep`, then
-`python -m tools.doc_tables`)."""
+`python -m maintainer.doc_tables`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import transformers
 
 from studies.family_sweep import RESULTS, record, sweep
 
-RERUN = "rerun `python -m studies.family_sweep` and `python -m tools.doc_tables`, and read the diff"
+RERUN = "rerun `python -m studies.family_sweep` and `python -m maintainer.doc_tables`, and read the diff"
 
 
 def test_every_family_converts_exactly_or_is_refused_by_name():

@@ -1,5 +1,5 @@
-"""Analytic training FLOPs (`hf_outheads.tools.flops`, `head.forward_flops`) against torch's own
-FLOP counter, and perplexity by training-frequency band (`hf_outheads.tools.frequency_bands`)."""
+"""Analytic training FLOPs (`hf_outheads.training.flops`, `head.forward_flops`) against torch's own
+FLOP counter, and perplexity by training-frequency band (`hf_outheads.training.frequency_bands`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from hf_outheads.tools.flops import training_flops_per_step
-from hf_outheads.tools.frequency_bands import FrequencyBands, frequency_band_perplexity
+from hf_outheads.training.flops import training_flops_per_step
+from hf_outheads.training.frequency_bands import FrequencyBands, frequency_band_perplexity
 from hf_outheads.head_interface import HeadInputs
 from head_cases import HEAD_CASES
 from tiny import VOCAB, tiny_model

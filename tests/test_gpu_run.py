@@ -1,4 +1,4 @@
-"""`tools/gpu_run.sh --tiny`: both parts of the GPU command end to end on the CPU, at tiny
+"""`maintainer/gpu_run.sh --tiny`: both parts of the GPU command end to end on the CPU, at tiny
 sizes. What it proves: the script, its steps' command lines and every file they write work (the
 head list from the package's catalog, every head against tied, the loss comparison, train.py
 compiled, the corpus packing and the scale queue of every head at equal tokens, compiled), so
@@ -23,7 +23,7 @@ QUEUE = yaml.safe_load((ROOT / "studies" / "configs" / "scale_gpt2small.yaml").r
 def out(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_run")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHON": os.environ.get("PYTHON", "python")}
-    done = subprocess.run([str(ROOT / "tools" / "gpu_run.sh"), str(out), "--part", "all", "--tiny"], env=env,
+    done = subprocess.run([str(ROOT / "maintainer" / "gpu_run.sh"), str(out), "--part", "all", "--tiny"], env=env,
                           capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return out

@@ -116,7 +116,7 @@ def test_model_loss_adds_the_regulariser():
 
 
 def test_a_window_of_copies_trains_as_one_batch_with_the_regulariser_once():
-    """Given a window's label count (`num_items_in_batch`, as Trainer and `training/train.py` pass it,
+    """Given a window's label count (`num_items_in_batch`, as Trainer and `hf_outheads/training/train.py` pass it,
     summed over micro-batches and processes), each micro-batch's loss carries its share of the
     regulariser: a window of two copies of a batch sums to that batch's own loss, the regulariser
     counted once (not once per micro-batch, nor per process under Trainer, which multiplies each

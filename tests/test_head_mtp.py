@@ -427,7 +427,7 @@ def test_trainer_trains_the_predictors(tmp_path, caplog):
 
 
 def test_trainer_evaluate_reports_the_next_token_loss_whose_exp_is_the_perplexity(tmp_path):
-    """`Trainer.evaluate()`'s `eval_loss` is the next-token NLL, what `training/evaluation.py` reports (so
+    """`Trainer.evaluate()`'s `eval_loss` is the next-token NLL, what `hf_outheads/training/evaluation.py` reports (so
     `exp(eval_loss)` is the perplexity), not the training objective with the future tokens' terms; a training
     forward still adds them, and an evaluation forward still names each depth's loss (`mtp_nll_k`)."""
     from accelerate import Accelerator

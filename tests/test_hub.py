@@ -104,7 +104,7 @@ def test_the_cards_usage_code_runs_without_the_package_and_without_a_prompt(tmp_
     import subprocess
     import sys
 
-    from test_export_plain import word_tokenizer
+    from tiny import word_tokenizer
 
     model = tiny_model("gpt2", "drill")
     model.save_pretrained(tmp_path)

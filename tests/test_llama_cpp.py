@@ -11,8 +11,8 @@ skip, saying so (the `downloads` marker, tests/downloads.py: CI fails instead).
 
 The Llama export carries a Llama-style tokenizer (a BPE with byte fallback, trained here with
 `tokenizers`), which the converter takes as it is. The GPT-2 export carries the byte-level BPE that
-training builds (`training/tokenization.py`), whose pre-tokenizer the converter knows by no hash:
-it runs through `tools/gguf_convert.py`, which names it `gpt-2` (docs/serving.md).
+training builds (`hf_outheads/training/tokenization.py`), whose pre-tokenizer the converter knows by no hash:
+it runs through `hf_outheads/tools/gguf_convert.py`, which names it `gpt-2` (docs/serving.md).
 
 The converted model then runs in llama.cpp itself: llama.cpp's prebuilt CPU binaries for x86-64
 Linux as node-llama-cpp ships them (`npm install`, into the same cache folder, once; the `downloads`
@@ -40,7 +40,7 @@ from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM
 from hf_outheads.training.tokenization import train_tokenizer
 from subprocess_runs import run
 from tiny import tiny_config
-from tools import gguf_convert
+from hf_outheads.tools import gguf_convert
 
 VERSION = "0.3.36"  # llama-cpp-python, whose sdist vendors llama.cpp
 NODE_LLAMA_CPP = "3.22.1"  # node-llama-cpp, whose npm packages carry llama.cpp built for each platform
@@ -164,7 +164,7 @@ def as_converted(family: str, config, name: str, tensor: torch.Tensor) -> torch.
 CASES = {  # family -> head (no output bias), tokenizer, converter command before the export folder
     "llama": ("drill", llama_style_tokenizer, lambda tree: [str(tree / "convert_hf_to_gguf.py")]),
     "gpt2": ("tied", lambda: train_tokenizer(TEXTS, "bpe", vocab_size=300, min_frequency=1),
-             lambda tree: ["-m", "tools.gguf_convert", str(tree)]),
+             lambda tree: ["-m", "hf_outheads.tools.gguf_convert", str(tree)]),
 }
 
 
@@ -244,7 +244,7 @@ def test_gguf_convert_refuses_a_missing_tree_or_tokenizer_in_one_line(tmp_path, 
     (tmp_path / "llama.cpp" / "convert_hf_to_gguf.py").touch()
     (tmp_path / "llama.cpp" / "conversion" / "base.py").touch()
     (tmp_path / "plain").mkdir()
-    for args, said in [([], "usage: python -m tools.gguf_convert LLAMA_CPP_DIR PLAIN_DIR"),
+    for args, said in [([], "usage: hf-outheads gguf LLAMA_CPP_DIR PLAIN_DIR"),
                        ([str(tmp_path), str(tmp_path / "plain")], "has no convert_hf_to_gguf.py with its conversion/"),
                        ([str(tmp_path / "llama.cpp"), str(tmp_path / "plain")], "has no tokenizer.json: export with")]:
         with pytest.raises(SystemExit) as refused:

@@ -1,5 +1,5 @@
-"""The parallel corpus of translated man pages (training/corpora/manpages_l10n.py), the copy
-baseline of generation metrics (training/evaluation.py `copy_scores`), the seq2seq tables
+"""The parallel corpus of translated man pages (hf_outheads/training/corpora/manpages_l10n.py), the copy
+baseline of generation metrics (hf_outheads/training/evaluation.py `copy_scores`), the seq2seq tables
 (studies/comparison_tables.py `generation_table`) and the seq2seq regime configs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`hf-outheads quickstart` (training/quickstart.py): refusals, replacing an earlier run, and the
+"""`hf-outheads quickstart` (hf_outheads/training/quickstart.py): refusals, replacing an earlier run, and the
 figures it checks against the stated ones."""
 
 import os

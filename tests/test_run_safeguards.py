@@ -25,7 +25,7 @@ from hf_outheads.training.options import RunOptions, parse_options
 from hf_outheads.training.run import training_function
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART_LM = ROOT / "training" / "configs" / "quickstart_lm.yaml"
+QUICKSTART_LM = ROOT / "hf_outheads" / "training" / "configs" / "quickstart_lm.yaml"
 TINY = dict(task="causal_lm", model_preset="gpt2-tiny", model_overrides={"n_embd": 32, "n_layer": 1, "n_head": 2},
             dataset_name="stdlib_docstrings", dataset_config="text", max_train_samples=60, max_eval_samples=10,
             tokenizer="bpe", tokenizer_vocab_size=300, block_size=32, per_device_train_batch_size=4,
@@ -54,7 +54,7 @@ def trained(tmp_path_factory):
 
 
 def export_cli(*argv):
-    from hf_outheads.training.export import main
+    from hf_outheads.tools.export import main
 
     return main([str(a) for a in argv])
 

@@ -1,4 +1,4 @@
-"""The scale comparison's corpus (training/corpora/debian_docs.py): each source format's text
+"""The scale comparison's corpus (hf_outheads/training/corpora/debian_docs.py): each source format's text
 extraction, and the tokenise-and-pack step at a small size (the ids round-trip to the
 documents joined with </s>, the split is stable, a corrupted file is refused)."""
 
@@ -28,7 +28,7 @@ def test_pod_resolves_formatting_codes_and_drops_commands():
 
 def test_no_reserved_source():
     """WordNet and the gettext catalogs are reserved for independent evaluation (the data rule),
-    and the Debian Administrator's Handbook is the held-out text of training/corpora/debian_handbook.py."""
+    and the Debian Administrator's Handbook is the held-out text of hf_outheads/training/corpora/debian_handbook.py."""
     reserved = ["./usr/share/locale/fr/LC_MESSAGES/dpkg.mo", "./usr/share/doc/x/po/fr.po",
                 "./usr/share/wordnet/data.noun", "./usr/share/doc/x/LC_MESSAGES/x.po"]
     for name, (pattern, _) in debian_docs.PACKAGES.items():
@@ -46,7 +46,7 @@ def test_pack_round_trips_to_the_documents(tmp_path):
     docs = documents()
     info = pack(docs, tmp_path, vocab_size=300, block_size=16, validation_percent=20)
     assert info["vocab_size"] == 300 and info["block_size"] == 16
-    from hf_outheads.training.tokenization import load_tokenizer
+    from hf_outheads.tools.saved_tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(tmp_path), auto=False)
     for split in ("train", "validation"):

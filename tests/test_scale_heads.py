@@ -57,11 +57,15 @@ def test_a_run_over_budget_is_left_and_a_finished_one_is_reused(corpus, tmp_path
                       "--runs", str(tmp_path / "slow.jsonl"), *TINY])
     assert "mos (seed 1): left for the next call: predicted" in capsys.readouterr().out
     assert [r["name"] for r in runs_in(tmp_path / "next")] == ["tied", "mos-k1"]  # the call's runs: those it started from
+    # the table from the runs with fixed step times (1 s and 1.5 s), not the measured ones: "Equal wall time" needs an
+    # evaluation of each run before the shortest run's end, which the machine's load would otherwise decide
+    fixed = [dict(run, train_step_time_s=seconds) for run, seconds in zip(runs_in(out), (1.0, 1.5))]
+    (tmp_path / "fixed.jsonl").write_text("".join(json.dumps(run) + "\n" for run in fixed))
     table = tmp_path / "table"
-    scale_heads.main(["--tabulate", str(out / "scale_runs.jsonl"), "--out", str(table)])
+    scale_heads.main(["--tabulate", str(tmp_path / "fixed.jsonl"), "--out", str(table)])
     text = (table / "results.md").read_text()
     assert text.startswith("Command: `python ") and "| mos-k1 |" in text and "tokens/s" in text
-    assert "Equal wall time" in text and "| loss path |" in text
+    assert "Equal wall time: each run's curve interpolated at 8 s" in text and "| loss path |" in text
 
 
 def test_every_run_of_a_call_trains_on_the_same_blocks_in_the_same_order(corpus, tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ spaces, so equal text is equal tokens."""
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 
 import openai
@@ -20,24 +19,12 @@ import torch
 
 from head_cases import HEAD_CASES
 from benchmarks.served import BIN, ENV, free_port, server
-from tiny import VOCAB, tiny_model
+from tiny import docstring_tokenizer, tiny_model
 
 PROMPT = "the module"
 NEW_TOKENS = 8
 CHAT = [{"role": "user", "content": "what does the function return"}]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}assistant"
-
-
-def word_tokenizer():
-    """The package's word-level tokenizer, trained on standard-library docstrings, of the tiny models' size."""
-    from hf_outheads.training.corpora.stdlib import iter_docstrings
-    from hf_outheads.training.tokenization import train_tokenizer
-
-    texts = [doc for _, _, doc in itertools.islice(iter_docstrings(), 50)]
-    tokenizer = train_tokenizer(texts, kind="wordlevel", vocab_size=VOCAB, min_frequency=1, lowercase=True)
-    assert len(tokenizer) == VOCAB
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def greedy(model, tokenizer, ids) -> str:
@@ -50,7 +37,7 @@ def saved(tmp_path_factory):
     """A tiny Llama-backed model of every head, saved with the tokenizer: {head: (folder, completion,
     chat reply)}, each reply `generate()`'s greedy text in this process."""
     root = tmp_path_factory.mktemp("serve")
-    tokenizer = word_tokenizer()
+    tokenizer = docstring_tokenizer(CHAT_TEMPLATE)
     prompt = tokenizer(PROMPT).input_ids
     chat = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False)
     models = {}
@@ -73,7 +60,7 @@ def test_every_head_is_served_with_the_tokens_generate_gives(saved, tmp_path):
     than a GPT-2 model's positions get the server's error answers, and the server goes on serving."""
     gpt2 = tmp_path / "gpt2"
     tiny_model("gpt2", "tied").save_pretrained(gpt2)
-    word_tokenizer().save_pretrained(gpt2)
+    docstring_tokenizer(CHAT_TEMPLATE).save_pretrained(gpt2)
     too_long = " ".join(["the module"] * 40)  # 80 tokens, 64 positions
     with server("hf-outheads", log=tmp_path / "server.log") as client:
         for head, (folder, want, chat_want) in saved.items():
@@ -89,8 +76,8 @@ def test_every_head_is_served_with_the_tokens_generate_gives(saved, tmp_path):
             completion(client, str(gpt2), prompt=too_long)
         with pytest.raises(openai.APIError, match="during streaming"):
             list(client.completions.create(model=str(gpt2), prompt=too_long, max_tokens=NEW_TOKENS, stream=True))
-        assert completion(client, str(gpt2)) == greedy(tiny_model("gpt2", "tied"), word_tokenizer(),
-                                                        word_tokenizer()(PROMPT).input_ids)
+        assert completion(client, str(gpt2)) == greedy(tiny_model("gpt2", "tied"), docstring_tokenizer(CHAT_TEMPLATE),
+                                                        docstring_tokenizer(CHAT_TEMPLATE)(PROMPT).input_ids)
         folder, want, _ = saved["mos"]
         assert completion(client, folder) == want
 
@@ -137,7 +124,7 @@ def test_a_plain_export_is_served_by_stock_transformers_serve_without_the_packag
     folder, want, _ = saved["linear"]
     from hf_outheads import OutHeadsForCausalLM
 
-    OutHeadsForCausalLM.from_pretrained(folder).export_plain(tmp_path / "plain", word_tokenizer())
+    OutHeadsForCausalLM.from_pretrained(folder).export_plain(tmp_path / "plain", docstring_tokenizer(CHAT_TEMPLATE))
     blocker = tmp_path / "no_package"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['hf_outheads'] = None  # not importable\n")
@@ -154,6 +141,23 @@ def test_an_encoder_decoder_model_is_refused_in_one_line(tmp_path):
                          env=ENV, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr[-3000:]
     assert run.stderr.startswith("hf-outheads serve: error: ") and "encoder-decoder" in run.stderr, run.stderr
+
+
+def test_a_folder_that_cannot_be_served_is_refused_in_one_line_naming_it(tmp_path):
+    """A path that does not exist, a run still training (checkpoints, no saved model) and a model saved without
+    its tokenizer: one line naming the folder and what is missing, status 2, before the server starts."""
+    running = tmp_path / "running"
+    (running / "checkpoints" / "checkpoint_2").mkdir(parents=True)
+    (running / "metrics.jsonl").touch()
+    bare = tmp_path / "bare"
+    tiny_model("gpt2", "tied").save_pretrained(bare)
+    for folder, said in ((tmp_path / "missing", "the folder {} does not exist."),
+                         (running, "{} holds no saved model: no config.json (it holds the checkpoints of a run"),
+                         (bare, "{} holds no tokenizer, which the server needs")):
+        run = subprocess.run([str(BIN / "hf-outheads"), "serve", str(folder), "--port", str(free_port())],
+                             env=ENV, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr[-3000:]
+        assert run.stderr.startswith(f"hf-outheads serve: error: {said.format(folder)}"), run.stderr
 
 
 def test_the_serving_benchmark_runs_and_prints_its_table(capsys):

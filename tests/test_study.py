@@ -1,5 +1,5 @@
 """The head-comparison harness (studies/compare_heads.py) and the second real corpus
-(training/corpora/manpages.py), in process."""
+(hf_outheads/training/corpora/manpages.py), in process."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ import gzip
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from hf_outheads.training.corpora.manpages import PACKAGES, load_manpages_dataset, roff_to_text
 from hf_outheads.training.options import parse_options
 from studies import compare_heads
+from studies.provenance import produced_by
 from studies.study_plots import plot_curves
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def fake_run(name, seed, ppl, curve, flops_per_step=1e12, bands=None):
@@ -98,6 +103,9 @@ def test_a_finished_run_is_reused_and_a_changed_config_retrains(tmp_path, monkey
     first = compare_heads.run_one(options, "tied", ("tied", {}), 3, "", 1)
     again = compare_heads.run_one(options, "tied", ("tied", {}), 3, "", 1)
     assert len(calls) == 1 and first["eval_perplexity"] == again["eval_perplexity"] == 49.0
+    # what trained it, recorded when it trained and kept when it is reused
+    assert first["produced_by"] == again["produced_by"] == produced_by()
+    assert first["produced_by"]["versions"]["torch"] == torch.__version__ and first["produced_by"]["commit"]
     saved = tmp_path / "tied" / "seed3" / "train_config.yaml"  # the same options in another order
     saved.write_text(yaml.safe_dump(dict(reversed(yaml.safe_load(saved.read_text()).items())), sort_keys=False))
     compare_heads.run_one(options, "tied", ("tied", {}), 3, "", 1)
@@ -197,6 +205,37 @@ def test_retabulate_rewrites_the_tables_from_the_saved_runs(tmp_path):
     retabulate(tmp_path)
     assert "| mos | mos | 2 | 45.00 ± 1.41 | -2.2% | 1/2 |" in (tmp_path / "results.md").read_text()
     assert json.loads((tmp_path / "results.json").read_text())["best_plain"] == "linear"
+
+
+# the committed comparisons whose runs were trained before the studies recorded what trained each run
+# (`provenance.produced_by`); a comparison trained again leaves this list
+TRAINED_BEFORE_PROVENANCE = {
+    "ablation_finetune_drill_dropout_lm", "ablation_finetune_drill_dropout_s2s", "ablation_restore_linear_head_lr_1e-2",
+    "ablation_restore_linear_head_lr_4e-4", "ablation_stdlib_map_scale", "ablation_stdlib_warmup100",
+    "compare_finetune_restore_stdlib", "compare_finetune_stdlib", "compare_finetune_stdlib_lightrnn",
+    "compare_manpages_lm", "compare_manpages_lm_bilinear", "compare_manpages_lm_lightrnn",
+    "compare_manpages_lm_warmup30", "compare_stdlib_lm", "compare_stdlib_lm_6seeds",
+    "compare_stdlib_lm_6seeds_warmup30", "compare_stdlib_lm_warmup30", "mtp_finetune", "mtp_finetune_6l",
+    "regime_finetune", "regime_heldout", "regime_rank", "regime_rank_linear_at_lightrnn_flops",
+    "regime_restore_finetune", "regime_restore_scratch", "regime_restore_scratch_mos_tied", "regime_scarce",
+    "regime_scratch", "scale_gpt2small"}
+
+
+def test_every_committed_result_names_its_command_and_what_trained_its_runs():
+    """Each committed results.json names its command, and each of its runs the commit and the package versions
+    that trained it, but for the comparisons listed as trained before runs recorded them (and only those: one
+    trained again must leave the list)."""
+    lacking = set()
+    for path in sorted((ROOT / "studies" / "results").glob("*/results.json")):
+        saved = json.loads(path.read_text())
+        assert saved.get("command", "").startswith("python"), path
+        runs = [run for run in saved["runs"] if "error" not in run]
+        if any("produced_by" not in run for run in runs):
+            lacking.add(path.parent.name)
+        for run in runs:
+            if "produced_by" in run:
+                assert run["produced_by"]["commit"] and run["produced_by"]["versions"]["torch"], (path, run["name"])
+    assert lacking == TRAINED_BEFORE_PROVENANCE
 
 
 def test_runs_are_added_to_a_written_comparison_without_training_the_others(tmp_path, monkeypatch):

@@ -224,7 +224,7 @@ def launch(tmp_path, launch_args, name, env=None, returncode=0, **overrides):
 
 def test_the_documented_two_process_command_starts_two_cpu_processes_and_counts_their_epochs(tmp_path):
     readme = (ROOT / "training" / "README.md").read_text()
-    assert "accelerate launch --multi_gpu --num_processes 2 training/train.py" in readme
+    assert "accelerate launch --multi_gpu --num_processes 2 hf_outheads/training/train.py" in readme
     one, _ = launch(tmp_path, ["--num_processes", "1"], "one")
     two, _ = launch(tmp_path, ["--multi_gpu", "--num_processes", "2", "--main_process_port", "29541"], "two")
     assert (one["num_processes"], two["num_processes"]) == (1, 2)
@@ -516,7 +516,7 @@ def test_a_block_longer_than_the_models_positions_is_refused_when_parsed(tmp_pat
 
     from hf_outheads.training.train import parse_args
 
-    base = ["--config", str(ROOT / "training" / "configs" / "quickstart_lm.yaml"), "--output_dir", str(tmp_path / "out")]
+    base = ["--config", str(ROOT / "hf_outheads" / "training" / "configs" / "quickstart_lm.yaml"), "--output_dir", str(tmp_path / "out")]
     with pytest.raises(SystemExit, match=r"block_size=600 is larger than the gpt2 backbone's 512 positions: lower "
                                          r"block_size to at most 512, or give the preset more positions") as refused:
         parse_args([*base, "--block_size", "600"])
@@ -537,7 +537,7 @@ def test_a_block_longer_than_the_models_positions_is_refused_when_parsed(tmp_pat
 def test_a_loss_kernel_that_cannot_run_here_is_refused_when_parsed(tmp_path, head_flags):
     from hf_outheads.training.train import parse_args
 
-    argv = ["--config", str(ROOT / "training" / "configs" / "quickstart_lm.yaml"), "--output_dir", str(tmp_path / "out")]
+    argv = ["--config", str(ROOT / "hf_outheads" / "training" / "configs" / "quickstart_lm.yaml"), "--output_dir", str(tmp_path / "out")]
     with pytest.raises(SystemExit, match=r"train.py: error: Option head_options: the loss kernel 'liger' cannot run "
                                          r"here: .*Use loss_kernel 'auto'") as refused:
         parse_args([*argv, *head_flags])

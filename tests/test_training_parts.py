@@ -288,7 +288,7 @@ def test_pretrained_checkpoint_is_converted_with_the_configured_head(tmp_path):
         check_backbone(options(pretrained=str(tmp_path), model_preset="gpt2-tiny"))
 
 
-SHIPPED_CONFIGS = sorted(path for folder in ("training/configs", "studies/configs")
+SHIPPED_CONFIGS = sorted(path for folder in ("hf_outheads/training/configs", "studies/configs")
                          for path in (Path(__file__).resolve().parents[1] / folder).glob("*.yaml"))
 
 
@@ -305,7 +305,7 @@ def test_shipped_configs_parse_and_name_valid_head_options(config):
         opts.model.head_spec(name)  # a misspelt head, option name or a wrong-typed value is an error
 
 
-QUICKSTART_LM = Path(__file__).resolve().parents[1] / "training" / "configs" / "quickstart_lm.yaml"
+QUICKSTART_LM = Path(__file__).resolve().parents[1] / "hf_outheads" / "training" / "configs" / "quickstart_lm.yaml"
 
 
 def test_a_runs_head_options_are_checked_once_and_carried_to_the_model(tmp_path, monkeypatch):
@@ -474,26 +474,26 @@ def test_the_documented_two_process_command_trains_in_a_folder_of_its_own():
     import re
 
     readme = (Path(__file__).resolve().parents[1] / "training" / "README.md").read_text()
-    command = re.search(r"accelerate launch --multi_gpu --num_processes 2 training/train.py (?:[^\n\\]|\\\n)*", readme).group(0)
+    command = re.search(r"accelerate launch --multi_gpu --num_processes 2 hf_outheads/training/train.py (?:[^\n\\]|\\\n)*", readme).group(0)
     folder = re.search(r"--output_dir (\S+)", command)
     assert folder and folder.group(1) != yaml.safe_load(QUICKSTART_LM.read_text())["output_dir"], command
 
 
 def test_scripts_run_as_modules_and_documented_commands_say_so():
     """No script edits sys.path: the training scripts run by path through the installed package
-    (`training/train.py`: tests/test_commands.py), every other script as `python -m package.module`
+    (`hf_outheads/training/train.py`: tests/test_commands.py), every other script as `python -m package.module`
     from the repository root, and every command the READMEs, configs and docstrings give is written
     that way."""
     import re
 
     root = Path(__file__).resolve().parents[1]
-    sources = [p for folder in ("training", "studies", "benchmarks", "hf_outheads", "examples", "tests")
+    sources = [p for folder in ("studies", "benchmarks", "hf_outheads", "examples", "tests")
                for p in (root / folder).rglob("*.py")]
     assert [str(p) for p in sources if "sys.path" in p.read_text() and p.name != Path(__file__).name] == []
     by_path = re.compile(r"(?:python|\$PY|accelerate launch|torchrun)[^\n`]*?\b(?:studies|benchmarks)/\w+\.py")
     documents = [*sources, *root.glob("*.md"), *(root / "training").rglob("*.md"), *(root / "studies").glob("*.md"),
                  *(root / "benchmarks").glob("*.sh"),
-                 *(root / "training" / "configs").glob("*.yaml"), *(root / "studies" / "configs").glob("*.yaml")]
+                 *(root / "hf_outheads" / "training" / "configs").glob("*.yaml"), *(root / "studies" / "configs").glob("*.yaml")]
     assert {str(p.relative_to(root)): by_path.findall(p.read_text()) for p in documents
             if by_path.search(p.read_text()) and p.name != Path(__file__).name} == {}
 

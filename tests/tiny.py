@@ -3,6 +3,8 @@ the one builder of hf_outheads models on them."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from transformers import (
     BartConfig,
@@ -104,3 +106,16 @@ def word_tokenizer():
     backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token="w0", eos_token="w2")
+
+
+def docstring_tokenizer(chat_template: str | None = None):
+    """A word-level tokenizer of real words (the package's, trained on standard-library docstrings) of the tiny
+    models' size, with `chat_template`: for tests that send text, where `word_tokenizer`'s `wN` words would not do."""
+    from hf_outheads.training.corpora.stdlib import iter_docstrings
+    from hf_outheads.training.tokenization import train_tokenizer
+
+    texts = [doc for _, _, doc in itertools.islice(iter_docstrings(), 50)]
+    tokenizer = train_tokenizer(texts, kind="wordlevel", vocab_size=VOCAB, min_frequency=1, lowercase=True)
+    assert len(tokenizer) == VOCAB
+    tokenizer.chat_template = chat_template
+    return tokenizer

@@ -1,7 +1,7 @@
 """Every model card of an `OutHeadsFor*` model: the README `push_to_hub` uploads, the card a
 training script writes (its run added as sections, `build_model_card`) and a plain export's
-(`build_plain_model_card`), all rendered from the one template of `model_cards/` (installed as
-`hf_outheads.model_cards`) by huggingface_hub's `ModelCard.from_template` (Jinja).
+(`build_plain_model_card`), all rendered from the one template beside this file (`model_card.md`) by
+huggingface_hub's `ModelCard.from_template` (Jinja).
 
 Filled from the model itself (head type and options, backbone, sizes), offline: no template
 download, no `ModelCard.validate()` (both need the network).
@@ -17,7 +17,7 @@ from importlib import resources
 from ..model_io import PACKAGE, model_tags, paper_tags
 
 PLACEHOLDER_REPO = "<namespace>/<model-name>"
-TEMPLATE = resources.files(f"{PACKAGE}.model_cards") / "model_card.md"
+TEMPLATE = resources.files(f"{PACKAGE}.tools") / "model_card.md"
 
 
 def citation_section(head_class) -> str | None:

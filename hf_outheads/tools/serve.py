@@ -16,6 +16,9 @@ import json
 import sys
 from pathlib import Path
 
+from hf_outheads.tools.command_line import looks_local, quiet_deepspeed_cpu_notice
+from hf_outheads.tools.saved_tokenizer import TOKENIZER_FILES
+
 PROGRAM = "hf-outheads serve"
 SERVING_STACK = ("fastapi", "uvicorn", "openai")  # transformers' `is_serve_available` and the `serve` extra
 USAGE = f"""usage: {PROGRAM} [MODEL] [transformers serve options]
@@ -65,17 +68,29 @@ def forced_model(command, args: list[str]) -> str | None:
 
 
 def refusal(model: str | None) -> str | None:
-    """Why `model` (a folder, or a Hub id or None: not read here) cannot be served, or None."""
-    if model is None or not (Path(model) / "config.json").is_file():
+    """Why `model` (a folder, or a Hub id or None: not read here) cannot be served, or None: a folder that
+    does not exist, holds no saved model (a run still training has only its checkpoints) or no tokenizer,
+    or an encoder-decoder model."""
+    if model is None:
         return None
+    folder = Path(model)
+    if not folder.exists():
+        return f"the folder {model} does not exist." if looks_local(model) else None  # a Hub id: the server's
+    if not (folder / "config.json").is_file():
+        training = " (it holds the checkpoints of a run that has not finished: serve the folder when the run has " \
+                   "ended and saved its model)" if (folder / "checkpoints").is_dir() else ""
+        return f"{model} holds no saved model: no config.json{training}."
     try:
-        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         return f"{model}/config.json cannot be read ({type(error).__name__}: {error})."
     if config.get("is_encoder_decoder"):  # every seq2seq config says so (PretrainedConfig's own field)
         return (f"{model} is an encoder-decoder model ({', '.join(config.get('architectures') or ['seq2seq'])}): "
                 "transformers serve decodes only what follows the prompt in a decoder-only output, so it would answer "
                 "wrongly; generate with it in Python (model.generate).")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return (f"{model} holds no tokenizer, which the server needs to read prompts and write answers: save the "
+                "tokenizer the model was trained with there (tokenizer.save_pretrained).")
     return None
 
 
@@ -97,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     if reason is not None:
         print(f"{PROGRAM}: error: {reason}", file=sys.stderr)
         raise SystemExit(2)
+    quiet_deepspeed_cpu_notice()
     make_classes_resolvable()
     serve.main(args=args, prog_name=PROGRAM)
 
