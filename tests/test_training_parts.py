@@ -480,16 +480,18 @@ def test_the_documented_two_process_command_trains_in_a_folder_of_its_own():
 
 
 def test_scripts_run_as_modules_and_documented_commands_say_so():
-    """No script edits sys.path: the training scripts run by path through the installed package
-    (`hf_outheads/training/train.py`: tests/test_commands.py), every other script as `python -m package.module`
-    from the repository root, and every command the READMEs, configs and docstrings give is written
-    that way."""
+    """No script edits sys.path for its own imports: the training scripts run by path through the installed
+    package (`hf_outheads/training/train.py`: tests/test_commands.py), every other script as `python -m
+    package.module` from the repository root, and every command the READMEs, configs and docstrings give is
+    written that way. (`hf-outheads gguf` puts a llama.cpp tree on sys.path: its converter imports its own
+    `conversion` package from there.)"""
     import re
 
     root = Path(__file__).resolve().parents[1]
     sources = [p for folder in ("studies", "benchmarks", "hf_outheads", "examples", "tests")
                for p in (root / folder).rglob("*.py")]
-    assert [str(p) for p in sources if "sys.path" in p.read_text() and p.name != Path(__file__).name] == []
+    assert [str(p) for p in sources if "sys.path" in p.read_text()
+            and p.name not in (Path(__file__).name, "gguf_convert.py")] == []
     by_path = re.compile(r"(?:python|\$PY|accelerate launch|torchrun)[^\n`]*?\b(?:studies|benchmarks)/\w+\.py")
     documents = [*sources, *root.glob("*.md"), *(root / "training").rglob("*.md"), *(root / "studies").glob("*.md"),
                  *(root / "benchmarks").glob("*.sh"),
