@@ -20,6 +20,12 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
+# vLLM's settings for the tests, this process's and its servers': its cache size in GiB (otherwise it reserves most
+# of the machine's memory), and no usage report (vLLM would send one to its project's server)
+SETTINGS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+for name, value in SETTINGS.items():
+    os.environ.setdefault(name, value)
+
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (on a CPU: vllm-cpu in a venv of its own, "
                                           "as .ci/run makes it; docs/serving.md)")
 
@@ -27,8 +33,7 @@ from benchmarks.served import ENV, server  # noqa: E402
 from head_cases import HEAD_CASES  # noqa: E402
 from tiny import IDS, SEQ2SEQ, perturb, tiny_config, word_tokenizer  # noqa: E402
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vLLM otherwise reserves most of the machine's memory)
-VLLM_ENV = {**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
+VLLM_ENV = {**ENV, **SETTINGS}
 # log-probs after the sampler's processing (its temperature; greedy: the raw ones), as generate()'s warpers give them
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=128, seed=0, logprobs_mode="processed_logprobs")
 TEMPERATURE = 0.7
