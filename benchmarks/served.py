@@ -26,12 +26,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(command: str, *args, log: Path, env=None):
-    """`command` (`hf-outheads serve` or `transformers serve`) with `args`, on 127.0.0.1 at a free port,
-    until it answers `/health`; yields an `openai.OpenAI` client of it, and stops the server and all it
-    started on leaving."""
+def server(command: str | list[str], *args, log: Path, env=None):
+    """`command` (`hf-outheads serve` or `transformers serve`, or a whole command line given as a list: vLLM's
+    server module) with `args`, on 127.0.0.1 at a free port, until it answers `/health`; yields an `openai.OpenAI`
+    client of it, and stops the server and all it started on leaving."""
     port = free_port()
-    argv = [str(BIN / command), "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
+    start = [str(BIN / command), "serve"] if isinstance(command, str) else list(command)
+    argv = [*start, *args, "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "w") as output:
         process = subprocess.Popen(argv, env=env or ENV, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -4,6 +4,7 @@ head of this package can reproduce (`from_backbone` refuses it, naming the famil
 
 from __future__ import annotations
 
+from .compat import CACHE
 from .head_options import HeadDims
 
 # Config attributes that say whether T5 applies its output scale, first one present wins:
@@ -90,8 +91,9 @@ def hidden_scale(text_config) -> float:
 
 
 def cache_name(text_config) -> str | None:
-    """The backbone's name for its cache (`CACHE_NAMES`; "cache" for most families, None: it has none)."""
-    return CACHE_NAMES.get(text_config.model_type, "cache")
+    """The backbone's name for its cache (`CACHE_NAMES`; transformers' name, `compat.CACHE`, for most families,
+    None: it has none)."""
+    return CACHE_NAMES.get(text_config.model_type, CACHE)
 
 
 def head_config(config):

@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
-from transformers.configuration_utils import SubConfigSpec
 
 from .backbones import head_dims, hidden_scale
+from .compat import SubConfigSpec
 from .head_catalog import get_head_class
 from .head_options import HeadOptions
 from .model_io import PACKAGE
@@ -65,7 +65,10 @@ class OutHeadsConfig(PretrainedConfig):
     """
 
     model_type = "outheads"
-    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="gpt2", optional=True)}
+    if SubConfigSpec is not None:  # transformers 5.24 and later (compat.py)
+        sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="gpt2", optional=True)}
+    else:
+        sub_configs = {"text_config": AutoConfig}
 
     text_config: dict | PretrainedConfig | None = None
     head_type: str | None = None  # "tied" once a text_config is given; None only in the argument-less config
@@ -77,6 +80,8 @@ class OutHeadsConfig(PretrainedConfig):
     tie_word_embeddings: bool = False  # the `tied` head reads E at call time: no weight is duplicated
     def __post_init__(self, **kwargs):
         import_model_classes()
+        if SubConfigSpec is None and isinstance(self.text_config, dict):  # what SubConfigSpec does from 5.24 on
+            self.text_config = AutoConfig.for_model(**self.text_config)
         super().__post_init__(**kwargs)
         text = self.text_config
         if text is None:  # the argument-less config transformers builds (diffs, defaults): no model from it

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.auto import modeling_auto
 from transformers.utils import logging
-from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_outheads import OutHeadsConfig
 from .head_catalog import get_head_class
 from .backbones import cache_name, head_dims
+from .compat import CACHE, PARTIAL_HIDDEN_STATES, backbone_kwargs, slice_logits_to_keep, takes_cache
 from .head_interface import IGNORE_INDEX, HeadInputs, OutputHead, next_token_labels
 from .model_io import (PACKAGE, LibraryHooks, OutHeadsCausalLMOutput, OutHeadsSeq2SeqLMOutput, check_backbone_kind,
                        check_token_ids, effective_embedding_weight, embedding_rows, fused_outputs, model_tags,
@@ -233,7 +232,7 @@ class OutHeadsPreTrainedModel(LibraryHooks, PreTrainedModel):
             keep = {index % count for index in wanted}
             if keep == {count - 1} and not layers:
                 return False, keep
-            return sorted(keep | set(layers)), keep
+            return (sorted(keep | set(layers)) if PARTIAL_HIDDEN_STATES else True), keep
         return bool(wanted) or bool(layers), bool(wanted)
 
     def _returned_hidden_states(self, hidden_states, keep, last_hidden):
@@ -258,7 +257,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
         return super().prepare_inputs_for_generation(input_ids, next_sequence_length=next_sequence_length,
                                                      inputs_embeds=inputs_embeds, **kwargs)
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # the name before transformers 5.24, as its models
+    @takes_cache  # also as `past_key_values`, the name before transformers 5.24 (compat.py)
     @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
         self,
@@ -293,7 +292,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             output_hidden_states=ask_hidden,
             return_dict=True,
             **({cache_key: cache} if cache_key else {}),
-            **kwargs,
+            **backbone_kwargs(kwargs),
         )
         if fused_lm_head:
             return self._fused_head_outputs(
@@ -313,7 +312,7 @@ class OutHeadsForCausalLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_loss=aux_loss,
             aux_terms=aux_terms,
             logits=logits,
-            cache=getattr(outputs, cache_key, None) if cache_key else None,
+            **{CACHE: getattr(outputs, cache_key, None) if cache_key else None},
             hidden_states=self._returned_hidden_states(outputs.hidden_states, return_hidden, outputs.last_hidden_state),
             attentions=getattr(outputs, "attentions", None),
         )
@@ -328,7 +327,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
         text = self.config.text_config
         return shift_right(labels, text.decoder_start_token_id, text.pad_token_id)
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # the name before transformers 5.24, as its models
+    @takes_cache  # also as `past_key_values`, the name before transformers 5.24 (compat.py)
     @can_return_tuple  # return_dict=False: a tuple, as transformers' models
     def forward(
         self,
@@ -357,13 +356,13 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            cache=cache,
+            **{CACHE: cache},
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=ask_hidden,
             return_dict=True,
-            **kwargs,
+            **backbone_kwargs(kwargs),
         )
         loss, nll_loss, logits, aux_loss, aux_terms = self._head_outputs(
             outputs.last_hidden_state, outputs.decoder_hidden_states, labels, logits_to_keep, num_items_in_batch,
@@ -375,7 +374,7 @@ class OutHeadsForSeq2SeqLM(OutHeadsPreTrainedModel, GenerationMixin):
             aux_loss=aux_loss,
             aux_terms=aux_terms,
             logits=logits,
-            cache=outputs.cache,
+            **{CACHE: getattr(outputs, CACHE)},
             decoder_hidden_states=self._returned_hidden_states(outputs.decoder_hidden_states, return_hidden,
                                                                outputs.last_hidden_state),
             decoder_attentions=outputs.decoder_attentions,

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hf_outheads import OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from hf_outheads.compat import CACHE, CHECKPOINTING  # the outputs' cache field: `cache` from transformers 5.24, `past_key_values` before
 from tiny import SEQ2SEQ, batch, tiny_model
 
 ATOL = dict(rtol=1e-5, atol=1e-5)
@@ -77,8 +78,8 @@ def test_inputs_embeds_match_input_ids(backbone):
 def test_cache_causal(llama, ids):
     with torch.no_grad():
         prefix = llama(input_ids=ids[:, :4], use_cache=True)
-        rest = llama(input_ids=ids[:, 4:], cache=prefix.cache)
-    assert prefix.cache is not None
+        rest = llama(input_ids=ids[:, 4:], cache=getattr(prefix, CACHE))
+    assert getattr(prefix, CACHE) is not None
     torch.testing.assert_close(rest.logits, logits(llama, input_ids=ids)[:, 4:], **ATOL)
 
 
@@ -90,7 +91,7 @@ def test_cache_seq2seq():
     with torch.no_grad():
         prefix = model(input_ids=data["input_ids"], decoder_input_ids=decoder[:, :3], use_cache=True)
         rest = model(encoder_outputs=(prefix.encoder_last_hidden_state,), decoder_input_ids=decoder[:, 3:],
-                     cache=prefix.cache)
+                     cache=getattr(prefix, CACHE))
     torch.testing.assert_close(rest.logits, full[:, 3:], **ATOL)
 
 
@@ -133,13 +134,14 @@ def test_activation_checkpointing(backbone):
     model = tiny_model(backbone, "linear").train()
     data = batch(backbone)
     plain_loss, plain_grads = train_step(model, data)
-    assert not model.backbone.is_activation_checkpointing
-    model.activation_checkpointing_enable()
-    assert model.backbone.is_activation_checkpointing
+    enable, disable, flag = CHECKPOINTING  # (their names before transformers 5.24: compat.py)
+    assert not getattr(model.backbone, flag)
+    getattr(model, enable)()
+    assert getattr(model.backbone, flag)
     checkpointed_loss, checkpointed_grads = train_step(model, data)
     torch.testing.assert_close(checkpointed_loss, plain_loss, rtol=0, atol=0)
     assert plain_grads.keys() == checkpointed_grads.keys()
     for name, grad in plain_grads.items():
         torch.testing.assert_close(checkpointed_grads[name], grad, **ATOL, msg=name)
-    model.activation_checkpointing_disable()
-    assert not model.backbone.is_activation_checkpointing
+    getattr(model, disable)()
+    assert not getattr(model.backbone, flag)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hf_outheads import OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
+from hf_outheads.compat import CACHE  # the outputs' cache field: `cache` from transformers 5.24, `past_key_values` before
 from tiny import ALL, CAUSAL, SEQ2SEQ, VOCAB, tiny_original
 
 DECODING = {
@@ -107,5 +108,5 @@ def test_a_family_with_its_own_cache_or_none_generates_as_the_original(family):
     if family == "rwkv":  # the state returned as `cache` continues the sequence
         with torch.no_grad():
             first = converted(ids[:, :-1], use_cache=True)
-            step = converted(ids[:, -1:], cache=first.cache, use_cache=True).logits
+            step = converted(ids[:, -1:], cache=getattr(first, CACHE), use_cache=True).logits
             torch.testing.assert_close(step[:, -1], original(ids).logits[:, -1], rtol=1e-4, atol=1e-4)

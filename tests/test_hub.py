@@ -17,7 +17,7 @@ from tiny import batch, tiny_model
 # the runtime of a single-softmax head: what loading, forward and generate need
 CODE_FILES = {"modeling_outheads.py", "configuration_outheads.py", "model_io.py", "head_interface.py",
               "head_options.py", "head_catalog.py", "backbones.py", "softmax.py", "losses.py", "loss_kernels.py",
-              "logit_transforms.py"}
+              "logit_transforms.py", "compat.py"}
 # the tools, which the installed package keeps
 TOOL_FILES = {path.name for path in (Path(hf_outheads.__file__).parent / "tools").glob("*.py")} - {"__init__.py"}
 

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: 
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 from hf_outheads import OutHeadsForCausalLM  # noqa: E402
+from hf_outheads.compat import CHECKPOINTING_ARGUMENT  # noqa: E402
 from head_cases import HEAD_CASES  # noqa: E402
 from tiny import VOCAB, batch, tiny_model  # noqa: E402
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`(is_)?gradient_checkpointing\\w
 
 TRAINING = dict(max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2, report_to=[], save_strategy="no",
                 logging_steps=1, use_cpu=True, bf16=False, disable_tqdm=True, seed=0,
-                activation_checkpointing=True)  # TRL's default, under its current name (not the deprecated one)
+                **{CHECKPOINTING_ARGUMENT: True})  # TRL's default, under its current name (not the deprecated one)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from accelerate.utils import (DataLoaderConfiguration, DistributedType, ProjectC
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
+from hf_outheads.compat import CHECKPOINTING
 from hf_outheads.tools.saved_tokenizer import load_saved_tokenizer
 from hf_outheads.training import batches
 from hf_outheads.training import data as data_lib
@@ -338,7 +339,7 @@ def prepare_run(options) -> PreparedRun:
     if training.disable_dropout:
         without_dropout(model)
     if training.gradient_checkpointing:
-        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+        getattr(model, CHECKPOINTING[0])()  # (its name before transformers 5.24: compat.py)
     if training.torch_compile:
         model.compile()  # in place: the same parameters, state-dict keys and save_pretrained
     fused = accelerator.device.type == "cuda" and accelerator.distributed_type != DistributedType.DEEPSPEED
