@@ -23,18 +23,12 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+from benchmarks.bench_heads import rss_mb
+
 BACKBONE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
                 num_key_value_heads=8, max_position_embeddings=1024, vocab_size=16000, tie_word_embeddings=False,
                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
 LENGTH = 256
-
-
-def rss_mb(field: str) -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(field)
 
 
 def measure(lora: bool, batch: int) -> dict:
