@@ -73,6 +73,6 @@ class BilinearHead(TiedToEmbeddings, SoftmaxHead):
             if weight.shape == embeddings.shape and torch.equal(weight, embeddings):
                 self.map.set_effective_weight(torch.eye(self.dims.embed_dim, dtype=weight.dtype))
                 return exact_bias
-            fit = torch.linalg.lstsq(embeddings.float(), weight.float()).solution  # d x d_h
+            fit = torch.linalg.lstsq(embeddings.double(), weight.double()).solution  # d x d_h; float64: see head_drill
             self.map.set_effective_weight(fit)
         return False

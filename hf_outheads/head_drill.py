@@ -263,8 +263,8 @@ class DrillHead(TiedToEmbeddings, SoftmaxHead):
         changes the distribution, so relu and sigmoid layers are approximate).
         """
         exact_bias = self.copy_bias(bias)
-        with torch.no_grad():
-            target_final, E = weight.float(), embeddings.float()
+        with torch.no_grad():  # fitted in float64: float32 LAPACK results differ in their last bits from run to run
+            target_final, E = weight.double(), embeddings.double()
             if target_final.shape != E.shape:
                 return False
             slope, previous = SLOPE_AT_ZERO[self.options.activation], E
@@ -272,7 +272,7 @@ class DrillHead(TiedToEmbeddings, SoftmaxHead):
                 wanted = target_final if i == len(self.layers) - 1 else E
                 target = wanted - E - (previous if self.options.residual_previous and i > 0 else 0)
                 if torch.count_nonzero(target) == 0:
-                    U = torch.zeros_like(layer.weight, dtype=torch.float32)
+                    U = torch.zeros_like(layer.weight, dtype=torch.float64)
                 else:
                     U = torch.linalg.lstsq(previous, target).solution / slope
                 pre = previous @ U  # b_i centres it on act's linear part (a row constant in f_i)

@@ -167,7 +167,7 @@ class JointHead(TiedToEmbeddings, SoftmaxHead):
         linear = act_name == "identity" or form == "bilinear"
         slope = 1.0 if linear else SLOPE_AT_ZERO[act_name]
         with torch.no_grad():
-            E, W = embeddings.float(), weight.float()
+            E, W = embeddings.double(), weight.double()  # float64: float32 LAPACK varies in its last bits between runs
             tied = weight.shape == embeddings.shape and torch.equal(weight, embeddings)
             M = torch.eye(E.shape[1], dtype=E.dtype, device=E.device) if tied else torch.linalg.lstsq(E, W).solution
             U = V = None

@@ -140,14 +140,14 @@ class MixtureHead(TiedToEmbeddings, PriorAndLatents, OutputHead):
         self.prior.weight.uniform_(-bound, bound)
         if self.options.tied:
             if d == d_h and weight.shape == embeddings.shape and torch.equal(weight, embeddings):
-                latent_map = torch.eye(d, dtype=torch.float32, device=weight.device)
+                latent_map = torch.eye(d, dtype=torch.float64, device=weight.device)
             else:
-                latent_map, exact = torch.linalg.lstsq(embeddings.float(), weight.float()).solution, False
+                latent_map, exact = torch.linalg.lstsq(embeddings.double(), weight.double()).solution, False
         elif d >= d_h:  # [weight, 0] [I; 0] = weight
-            latent_map = torch.eye(d, d_h, dtype=torch.float32, device=weight.device)
+            latent_map = torch.eye(d, d_h, dtype=torch.float64, device=weight.device)
             self.weight.zero_()[:, :d_h].copy_(weight)
         else:
-            u, s, vh = torch.linalg.svd(weight.float(), full_matrices=False)
+            u, s, vh = torch.linalg.svd(weight.double(), full_matrices=False)  # float64: float32 LAPACK varies between runs
             latent_map, exact = vh[:d], False
             self.weight.copy_(u[:, :d] * s[:d])
         latent_map = latent_map * self.conversion_scale
