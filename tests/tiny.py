@@ -97,12 +97,12 @@ def perturb(model, seed: int = 0, scale: float = 0.1):
     return model
 
 
-def word_tokenizer():
-    """A `PreTrainedTokenizerFast` of the tiny vocabulary: word `wN` is token N, split on whitespace."""
+def word_tokenizer(size: int = VOCAB):
+    """A `PreTrainedTokenizerFast` of `size` words (the tiny vocabulary's): word `wN` is token N, split on whitespace."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"w{i}": i for i in range(VOCAB)}
+    vocab = {f"w{i}": i for i in range(size)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token="w0", eos_token="w2")
