@@ -24,6 +24,7 @@ from all of them into that folder.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -71,12 +72,22 @@ def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
     return specs
 
 
+def launch_precision(options, launch_args: str) -> str:
+    """The mixed precision the run trains with and saves in its train_config.yaml: its own option, else the one
+    `accelerate launch` with `launch_args` hands it (`--mixed_precision`, else 'no';
+    `launching.with_launch_precision`)."""
+    launch = argparse.ArgumentParser(add_help=False)
+    launch.add_argument("--mixed_precision", default="no")
+    return options.training.mixed_precision or launch.parse_known_args(shlex.split(launch_args))[0].mixed_precision.lower()
+
+
 def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: str, threads: int) -> dict:
     """Train one (name, seed) in a subprocess, or reuse its finished results."""
     run_dir = Path(options.training.output_dir) / name / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {**saved_options(options), "head_type": spec[0], "head_options": spec[1], "head_options_by_head": {},
-              "seed": seed, "output_dir": str(run_dir), "resume": "never", "push_to_hub": False}
+              "seed": seed, "output_dir": str(run_dir), "resume": "never", "push_to_hub": False,
+              "mixed_precision": launch_precision(options, launch_args)}
     text = yaml.safe_dump(config, sort_keys=False)  # train.py saves the same file when it finishes
     config_path, results_path, produced = run_dir / CONFIG_FILE, run_dir / RESULTS_FILE, run_dir / PRODUCED_BY
     # the same options in another order (a refactor of an options class) are the same run

@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from hf_outheads.training.corpora.manpages import PACKAGES, load_manpages_dataset, roff_to_text
-from hf_outheads.training.options import parse_options
+from hf_outheads.training.launching import with_launch_precision
+from hf_outheads.training.options import parse_options, saved_options
 from studies import compare_heads
 from studies.provenance import produced_by
 from studies.study_plots import plot_curves
@@ -94,8 +95,11 @@ def test_a_finished_run_is_reused_and_a_changed_config_retrains(tmp_path, monkey
     options = parse_options(["--output_dir", str(tmp_path)])
     calls = []
 
-    def train(*args, **kwargs):  # stands for the training subprocess: writes the results
-        calls.append(args)
+    def train(command, **kwargs):  # stands for the training subprocess: saves its options as train.py does, resolved
+        calls.append(command)    # (mixed_precision: the launch's), and writes the results
+        config = command[command.index("--config") + 1]
+        resolved, _ = with_launch_precision(parse_options(["--config", config]))
+        Path(config).write_text(yaml.safe_dump(saved_options(resolved), sort_keys=False))
         (tmp_path / "tied" / "seed3" / "eval_results.json").write_text(json.dumps(RUNS[0]))
         return type("Done", (), {"returncode": 0})()
 
