@@ -130,6 +130,8 @@ def measure(run: Path, args) -> list[dict]:
     """One saved model (`run`): `measure_model` on the built-in corpus's validation prompts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import hf_outheads.configuration_outheads  # noqa: F401  (registers the package's classes with the Auto classes)
+
     tokenizer = AutoTokenizer.from_pretrained(run)
     model = AutoModelForCausalLM.from_pretrained(run).to(args.device).eval()
     chosen = [p.to(args.device) for p in prompts(tokenizer, args.prompts, args.prompt_tokens)]

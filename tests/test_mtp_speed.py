@@ -3,8 +3,15 @@ mtp run) and its report: a drafted generation that differs from plain greedy is 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from studies import mtp_speed
 from test_head_mtp import mtp_model, prompts
+from tiny import docstring_tokenizer
 
 
 def test_measure_model_times_both_methods_and_counts_acceptance_per_future_position():
@@ -27,3 +34,20 @@ def test_the_report_names_a_drafted_generation_that_differs(tmp_path):
     text = (tmp_path / "speed.md").read_text()
     assert "FAILED: drafted greedy differs from plain greedy on a prompt" in text and "b/seed1 (every word)" in text
     assert "| a/seed1 | cpu |" in text and "| b/seed1 | NVIDIA H100 80GB HBM3 |" in text
+
+
+def test_the_command_measures_the_saved_runs_of_a_comparison(tmp_path):
+    """`python -m studies.mtp_speed RUNS --output_dir OUT` in a fresh process: each `<name>/seed<seed>/` run with an
+    `mtp` head is loaded by the Auto classes and measured on the built-in corpus's prompts; speed.md and speed.json
+    name it."""
+    run = tmp_path / "runs" / "mtp-d2" / "seed1"
+    mtp_model("gpt2", num_future=2).save_pretrained(run)
+    docstring_tokenizer().save_pretrained(run)
+    command = [sys.executable, "-m", "studies.mtp_speed", str(tmp_path / "runs"), "--output_dir", str(tmp_path / "out"),
+               "--prompts", "2", "--prompt_tokens", "4", "--new_tokens", "4", "--repeats", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = json.loads((tmp_path / "out" / "speed.json").read_text())["runs"]
+    assert result["run"].endswith("mtp-d2/seed1") and result["token_identical"]
+    assert "mtp-d2/seed1" in (tmp_path / "out" / "speed.md").read_text()
