@@ -184,7 +184,8 @@ def test_a_head_that_never_beats_its_reference_at_every_seed_says_no_gain_measur
     from maintainer.doc_tables import head_table
 
     mtp = next(line for line in head_table().splitlines() if line.startswith("| `mtp` "))
-    assert "no gain measured (closest: " in mtp and "perplexity +0.0% (1/3)" in mtp
+    better, seeds = map(int, re.search(r"perplexity [+-]\d+\.\d% \((\d+)/(\d+)\)", mtp).groups())
+    assert "no gain measured (closest: " in mtp and better < seeds  # (its closest run: better at some seeds, not all)
 
 
 FIGURE = re.compile(r"[-+]?\d+(?:[.,]\d+)*(?:%|x)?")
