@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from hf_outheads.training.launching import run_precision
 from hf_outheads.training.options import CONFIG_FILE, parse_options, saved_options
 from hf_outheads.training.tracking import RESULTS_FILE, read_metrics
 from studies.comparison_tables import METRICS, curve_table, generation_table, main_metric, markdown_table, summarise
@@ -73,12 +74,12 @@ def run_specs(options, names: list[str]) -> dict[str, tuple[str, dict]]:
 
 
 def launch_precision(options, launch_args: str) -> str:
-    """The mixed precision the run trains with and saves in its train_config.yaml: its own option, else the one
-    `accelerate launch` with `launch_args` hands it (`--mixed_precision`, else 'no';
-    `launching.with_launch_precision`)."""
+    """The mixed precision the run trains with and saves in its train_config.yaml (`launching.run_precision`), the
+    launch's being `--mixed_precision` of `launch_args`."""
     launch = argparse.ArgumentParser(add_help=False)
-    launch.add_argument("--mixed_precision", default="no")
-    return options.training.mixed_precision or launch.parse_known_args(shlex.split(launch_args))[0].mixed_precision.lower()
+    launch.add_argument("--mixed_precision", default=None)
+    given = launch.parse_known_args(shlex.split(launch_args))[0].mixed_precision
+    return run_precision(options.training.mixed_precision, given)
 
 
 def run_one(options, name: str, spec: tuple[str, dict], seed: int, launch_args: str, threads: int) -> dict:

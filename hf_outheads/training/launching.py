@@ -69,6 +69,12 @@ def quiet_deepspeed_cpu_notice() -> None:
     command_line.quiet_deepspeed_cpu_notice(deepspeed_used=requested_sharding() == "DeepSpeed")
 
 
+def run_precision(own: str | None, launch: str | None) -> str:
+    """The mixed precision a run trains with: its own `mixed_precision` when it sets one, else the launch's
+    (`accelerate launch --mixed_precision`, or its accelerate config's), else 'no'."""
+    return own or (launch or "no").lower()
+
+
 def with_launch_precision(options) -> tuple:
     """(`options` with the mixed precision the run trains with, a line saying which won or None). The run's
     own `mixed_precision` when it sets one; else the launch's (`accelerate launch --mixed_precision`, or the
@@ -78,7 +84,7 @@ def with_launch_precision(options) -> tuple:
 
     launch, own = os.environ.get("ACCELERATE_MIXED_PRECISION"), options.training.mixed_precision
     if own is None:
-        return replace(options, training=replace(options.training, mixed_precision=(launch or "no").lower())), None
+        return replace(options, training=replace(options.training, mixed_precision=run_precision(own, launch))), None
     if launch and launch.lower() != own:
         return options, f"mixed_precision: this run's option ({own}) is used, not the launch's ({launch}, " \
                         "ACCELERATE_MIXED_PRECISION)."
