@@ -99,8 +99,11 @@ def test_transformers_chat_gets_the_models_reply_from_the_server(saved, tmp_path
 
 def test_every_head_is_served_with_continuous_batching(saved, tmp_path):
     """`hf-outheads serve --continuous-batching` (paged attention, transformers' batching manager) gives
-    `generate()`'s greedy text for every head."""
-    with server("hf-outheads", "--continuous-batching", log=tmp_path / "server.log") as client:
+    `generate()`'s greedy text for every head. The paged cache sized for these tiny models: by default it is sized
+    from the machine's memory on a CPU, which took about 15 s for each model the server loaded (156 s for the test,
+    26 s so)."""
+    with server("hf-outheads", "--continuous-batching", "--cb-num-blocks", "32", "--cb-max-batch-tokens", "256",
+                log=tmp_path / "server.log") as client:
         for head, (folder, want, _) in saved.items():
             assert completion(client, folder) == want, (head, want)
 

