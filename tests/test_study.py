@@ -219,7 +219,7 @@ TRAINED_BEFORE_PROVENANCE = {
     "compare_finetune_restore_stdlib", "compare_manpages_lm", "compare_manpages_lm_bilinear",
     "compare_manpages_lm_lightrnn", "compare_manpages_lm_warmup30", "compare_stdlib_lm", "compare_stdlib_lm_6seeds",
     "compare_stdlib_lm_6seeds_warmup30", "compare_stdlib_lm_warmup30", "regime_heldout", "regime_rank",
-    "regime_rank_linear_at_lightrnn_flops", "regime_restore_finetune", "regime_restore_scratch",
+    "regime_rank_linear_at_lightrnn_flops", "regime_restore_scratch",
     "regime_restore_scratch_mos_tied", "regime_scarce", "regime_scratch", "scale_gpt2small"}
 
 
