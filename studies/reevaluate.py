@@ -20,7 +20,7 @@ import yaml
 
 from hf_outheads.training import run as training_run, train
 from hf_outheads.training.tracking import RESULTS_FILE
-from studies.comparison_tables import markdown_table, summarise
+from studies.comparison_tables import generation_table, markdown_table, summarise
 
 EVALUATED = ("eval_loss", "eval_perplexity", "eval_sacrebleu", "eval_chrf", "eval_generated")
 
@@ -59,6 +59,8 @@ def main(argv=None):
     rows, best = summarise(runs)
     print(f"\n{' '.join(overrides)}; differences against the best plain head (`{best}`) are of the means.\n")
     print(markdown_table(rows, best))
+    if generation := generation_table(rows, runs):  # BLEU and chrF, where the runs generate
+        print(generation)
 
 
 if __name__ == "__main__":

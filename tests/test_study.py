@@ -216,7 +216,7 @@ def test_retabulate_rewrites_the_tables_from_the_saved_runs(tmp_path):
 TRAINED_BEFORE_PROVENANCE = {
     "ablation_finetune_drill_dropout_s2s", "ablation_restore_linear_head_lr_1e-2",
     "ablation_restore_linear_head_lr_4e-4", "ablation_stdlib_map_scale", "ablation_stdlib_warmup100",
-    "compare_finetune_restore_stdlib", "compare_manpages_lm", "compare_manpages_lm_bilinear",
+    "compare_manpages_lm", "compare_manpages_lm_bilinear",
     "compare_manpages_lm_lightrnn", "compare_manpages_lm_warmup30", "compare_stdlib_lm", "compare_stdlib_lm_6seeds",
     "compare_stdlib_lm_6seeds_warmup30", "compare_stdlib_lm_warmup30", "regime_heldout", "regime_rank",
     "regime_rank_linear_at_lightrnn_flops", "regime_restore_scratch",
